@@ -1,0 +1,41 @@
+// Bundles every entry point to one file each: start-up time is a feature (see docs/performance.md).
+import { build } from "esbuild"
+import { mkdir } from "node:fs/promises"
+
+const entries = [
+  // host CLI
+  { in: "src/bin.ts", out: "abox" },
+  // the VMM helper the supervisor spawns with a liveness pipe
+  { in: "src/vmm/helper.ts", out: "abox-vmm" },
+  // the guest agent baked into images
+  { in: "src/guest/main.ts", out: "abox-guest" },
+  // the SDK (library entry)
+  { in: "src/sdk/index.ts", out: "sdk" }
+]
+
+const { existsSync } = await import("node:fs")
+await mkdir("dist", { recursive: true })
+await Promise.all(
+  entries
+    .filter((entry) => existsSync(entry.in))
+    .map((entry) =>
+      build({
+        entryPoints: [entry.in],
+        outfile: `dist/${entry.out}.js`,
+        bundle: true,
+        platform: "node",
+        target: "node20",
+        format: "esm",
+        sourcemap: "linked",
+        legalComments: "none",
+        // native addon: loaded from node_modules at run time
+        external: ["fs-native-extensions", "require-addon"],
+        banner: {
+          js:
+            (entry.out === "sdk" ? "" : "#!/usr/bin/env node\n") +
+            "import { createRequire as __abox_createRequire } from 'node:module'; const require = __abox_createRequire(import.meta.url);"
+        },
+        logLevel: "warning"
+      })
+    )
+)

@@ -1,0 +1,34 @@
+/**
+ * One exit code per error tag (docs/exit-codes.md is the table for users; a test keeps the two
+ * in step). Codes live in 64–99 so that `abox run`, which exits with the turn's own status,
+ * rarely collides with them: 0–63 and 128+ are the guest's.
+ */
+export const exitCodeByTag: Readonly<Record<string, number>> = {
+  // usage (bad flags, arguments)
+  ValidationError: 64,
+  // store
+  SessionNotFound: 65,
+  SessionCorrupt: 66,
+  SessionFormatTooNew: 67,
+  StoreIoError: 68,
+  NameTaken: 69,
+  InvalidName: 70,
+  // lock
+  SessionBusy: 75,
+  LockError: 76,
+  // VMM
+  VmmError: 80,
+  VmmUnavailable: 81,
+  // guest protocol
+  GuestTooOld: 85,
+  GuestTooNew: 86,
+  ProtocolError: 87,
+  GuestTimeout: 88,
+  GuestDisconnected: 89,
+  TransferFailed: 90
+}
+
+/** anything without its own code */
+export const UNKNOWN_ERROR_EXIT = 99
+
+export const exitCodeFor = (tag: string): number => exitCodeByTag[tag] ?? UNKNOWN_ERROR_EXIT

@@ -1,0 +1,83 @@
+import * as Schema from "effect/Schema"
+
+/** Protocol v4: see docs/protocol.md. One protocol number per connection, checked in hello. */
+export const PROTOCOL_VERSION = 4
+/** The oldest guest protocol this host speaks. */
+export const MIN_GUEST_PROTOCOL = 4
+
+/** What a turn produces, as the host sees it (one `agent_event` each). */
+export const AgentEvent = Schema.Union(
+  Schema.Struct({ kind: Schema.Literal("stdout"), data: Schema.String }),
+  Schema.Struct({ kind: Schema.Literal("stderr"), data: Schema.String }),
+  /** a JSON line printed by a configured agent command */
+  Schema.Struct({ kind: Schema.Literal("json"), value: Schema.Unknown }),
+  /** agent-side notes (e.g. "turn started", "cancelling") */
+  Schema.Struct({ kind: Schema.Literal("status"), message: Schema.String })
+)
+export type AgentEvent = typeof AgentEvent.Type
+
+const msg = <Tag extends string, Fields extends Schema.Struct.Fields>(type: Tag, fields: Fields) =>
+  Schema.Struct({ type: Schema.Literal(type), ...fields })
+
+// guest → host
+export const Hello = msg("hello", {
+  protocol: Schema.Number,
+  arch: Schema.String,
+  build: Schema.String,
+  /** turns remembered from /var/lib/abox/context.json */
+  contextTurns: Schema.optional(Schema.Number)
+})
+export const Ready = msg("ready", {})
+export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
+export const TurnEnd = msg("turn_end", {
+  turn: Schema.Number,
+  exitCode: Schema.NullOr(Schema.Number),
+  signal: Schema.NullOr(Schema.String),
+  cancelled: Schema.Boolean
+})
+export const TransferEnd = msg("transfer_end", {
+  channel: Schema.Number,
+  files: Schema.Number,
+  bytes: Schema.Number
+})
+export const TunnelOpen = msg("tunnel_open", { channel: Schema.Number, host: Schema.String, port: Schema.Number })
+
+// host → guest
+export const UserTurn = msg("user_turn", { turn: Schema.Number, text: Schema.String })
+export const Cancel = msg("cancel", { turn: Schema.Number })
+export const TransferBegin = msg("transfer_begin", {
+  channel: Schema.Number,
+  format: Schema.Literal("tar"),
+  target: Schema.String
+})
+export const Shutdown = msg("shutdown", {})
+export const TunnelAccept = msg("tunnel_accept", { channel: Schema.Number })
+export const TunnelDeny = msg("tunnel_deny", { channel: Schema.Number, reason: Schema.String })
+
+// either way
+export const TunnelClose = msg("tunnel_close", { channel: Schema.Number })
+export const ErrorMsg = msg("error", {
+  code: Schema.String,
+  message: Schema.String,
+  turn: Schema.optional(Schema.Number),
+  channel: Schema.optional(Schema.Number)
+})
+
+export const ControlMessage = Schema.Union(
+  Hello,
+  Ready,
+  AgentEventMsg,
+  TurnEnd,
+  TransferEnd,
+  TunnelOpen,
+  UserTurn,
+  Cancel,
+  TransferBegin,
+  Shutdown,
+  TunnelAccept,
+  TunnelDeny,
+  TunnelClose,
+  ErrorMsg
+)
+export type ControlMessage = typeof ControlMessage.Type
+export type HelloMessage = typeof Hello.Type

@@ -1,0 +1,100 @@
+import * as Context from "effect/Context"
+import type * as Duration from "effect/Duration"
+import type * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
+import * as Schema from "effect/Schema"
+import type * as Stream from "effect/Stream"
+import type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
+
+export class GuestTooOld extends Schema.TaggedError<GuestTooOld>()("GuestTooOld", {
+  protocol: Schema.Number,
+  minimum: Schema.Number,
+  message: Schema.String
+}) {}
+
+export class GuestTooNew extends Schema.TaggedError<GuestTooNew>()("GuestTooNew", {
+  protocol: Schema.Number,
+  maximum: Schema.Number,
+  message: Schema.String
+}) {}
+
+/** the guest sent something that is not protocol v4 (bad frame, bad JSON, unknown type, too big) */
+export class ProtocolError extends Schema.TaggedError<ProtocolError>()("ProtocolError", {
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+export class GuestTimeout extends Schema.TaggedError<GuestTimeout>()("GuestTimeout", {
+  waitingFor: Schema.String,
+  message: Schema.String
+}) {}
+
+/** the connection ended (VM died, socket closed) */
+export class GuestDisconnected extends Schema.TaggedError<GuestDisconnected>()("GuestDisconnected", {
+  message: Schema.String
+}) {}
+
+export class TransferFailed extends Schema.TaggedError<TransferFailed>()("TransferFailed", {
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+export type GuestRpcError = GuestTooOld | GuestTooNew | ProtocolError | GuestTimeout | GuestDisconnected
+
+export interface TurnResult {
+  readonly exitCode: number | null
+  readonly signal: string | null
+  readonly cancelled: boolean
+}
+
+/** One event of a turn as the SDK and CLI see it: the guest's events, then the end. */
+export type TurnEvent =
+  | { readonly _tag: "Event"; readonly event: AgentEvent }
+  | ({ readonly _tag: "End" } & TurnResult)
+
+/** A tunnel the guest asked for (broker): the host accepts or denies, then bytes flow. */
+export interface TunnelRequest {
+  readonly channel: number
+  readonly host: string
+  readonly port: number
+  readonly accept: () => Effect.Effect<
+    { readonly read: Stream.Stream<Uint8Array, GuestDisconnected>; readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>; readonly close: Effect.Effect<void> },
+    GuestDisconnected
+  >
+  readonly deny: (reason: string) => Effect.Effect<void>
+}
+
+export interface GuestConnection {
+  readonly hello: HelloMessage
+  /** stream a tar of the snapshot into the guest's target directory (/work/repo) */
+  readonly transfer: (
+    tar: Stream.Stream<Uint8Array, TransferFailed>,
+    target: string
+  ) => Effect.Effect<{ readonly files: number; readonly bytes: number }, TransferFailed | GuestRpcError>
+  /** one turn: its events as they come, ending with `End`; interrupting the stream cancels the turn */
+  readonly turn: (text: string) => Stream.Stream<TurnEvent, GuestRpcError>
+  readonly cancel: (turn: number) => Effect.Effect<void, GuestRpcError>
+  /** ask the guest to sync and power off; waits (bounded) for its acknowledgement or disconnect */
+  readonly shutdown: Effect.Effect<void, GuestRpcError>
+  /** tunnels the guest opens (broker); each must be accepted or denied */
+  readonly tunnels: Stream.Stream<TunnelRequest>
+}
+
+export interface GuestRpcOptions {
+  readonly helloTimeout: Duration.DurationInput
+  readonly shutdownTimeout: Duration.DurationInput
+}
+
+/**
+ * The host side of protocol v4. `listen` binds the session's rpc.sock (before the VM starts:
+ * the VMM connects to it); `accept` waits for the guest's connection and hello, checks the
+ * version, and returns a scoped connection whose finalizer sends `shutdown` (Close's first step).
+ */
+export interface GuestRpcShape {
+  readonly listen: (
+    socketPath: string,
+    options: GuestRpcOptions
+  ) => Effect.Effect<{ readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> }, GuestDisconnected, Scope.Scope>
+}
+
+export class GuestRpc extends Context.Tag("abox/GuestRpc")<GuestRpc, GuestRpcShape>() {}

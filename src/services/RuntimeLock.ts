@@ -1,0 +1,32 @@
+import * as Context from "effect/Context"
+import type * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
+import * as Schema from "effect/Schema"
+
+export class SessionBusy extends Schema.TaggedError<SessionBusy>()("SessionBusy", {
+  sessionId: Schema.String,
+  message: Schema.String
+}) {}
+
+export class LockError extends Schema.TaggedError<LockError>()("LockError", {
+  path: Schema.String,
+  message: Schema.String
+}) {}
+
+export interface HeldLock {
+  readonly sessionId: string
+  readonly path: string
+  /** the locked file descriptor; hand it to the VMM helper so the lock lives as long as the VM */
+  readonly fd: number
+}
+
+/**
+ * One supervisor per session. `acquire` is exclusive and non-blocking (fails `SessionBusy` at
+ * once), released when the scope closes and by the kernel when the process (and every child
+ * that inherited the fd) dies.
+ */
+export interface RuntimeLockShape {
+  readonly acquire: (sessionId: string) => Effect.Effect<HeldLock, SessionBusy | LockError, Scope.Scope>
+}
+
+export class RuntimeLock extends Context.Tag("abox/RuntimeLock")<RuntimeLock, RuntimeLockShape>() {}

@@ -1,0 +1,151 @@
+import * as Context from "effect/Context"
+import type * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
+import type { GuestConfig } from "../protocol/GuestConfig.js"
+
+export const SESSION_FORMAT = 1
+
+export const GuestArch = Schema.Literal("x86_64", "aarch64")
+export type GuestArch = typeof GuestArch.Type
+
+export const VmmBackendName = Schema.Literal("qemu", "vz", "fake")
+export type VmmBackendName = typeof VmmBackendName.Type
+
+export const ImageIdentity = Schema.Struct({
+  name: Schema.String,
+  digest: Schema.String,
+  kernel: Schema.optional(Schema.String),
+  node: Schema.optional(Schema.String),
+  agent: Schema.optional(Schema.String)
+})
+export type ImageIdentity = typeof ImageIdentity.Type
+
+export const CloseOutcome = Schema.Struct({
+  at: Schema.String,
+  /** graceful: the guest powered off after shutdown; signalled: the helper signal ended it; killed: SIGKILL */
+  how: Schema.Literal("graceful", "signalled", "killed", "crashed"),
+  exitCode: Schema.NullOr(Schema.Number),
+  signal: Schema.NullOr(Schema.String),
+  /** last lines of console.log when the close was not graceful */
+  consoleTail: Schema.optional(Schema.Array(Schema.String))
+})
+export type CloseOutcome = typeof CloseOutcome.Type
+
+/**
+ * `session.json`. `guest` and `vmm` are optional in the schema so that sessions written before
+ * that metadata existed still decode, and resume can say precisely why it refuses them.
+ */
+export const SessionMeta = Schema.Struct({
+  format: Schema.Literal(SESSION_FORMAT),
+  id: Schema.String,
+  created: Schema.String,
+  source: Schema.String,
+  name: Schema.optional(Schema.String),
+  model: Schema.String,
+  image: Schema.optional(ImageIdentity),
+  guest: Schema.optional(Schema.Struct({ arch: GuestArch, protocol: Schema.Number })),
+  vmm: Schema.optional(Schema.Struct({ backend: VmmBackendName })),
+  resources: Schema.optional(Schema.Struct({ cpus: Schema.Number, memoryMiB: Schema.Number })),
+  /** set when macOS/arm64 backfilled the narrow legacy format on resume */
+  backfilled: Schema.optional(Schema.String),
+  /** short socket path used where the session dir is too long for a unix socket (macOS: 104 bytes) */
+  rpcSocket: Schema.optional(Schema.String),
+  lastClose: Schema.optional(CloseOutcome)
+})
+export type SessionMeta = typeof SessionMeta.Type
+
+// ---- errors (they cross the CLI and SDK: Schema.TaggedError) ----
+
+export class SessionNotFound extends Schema.TaggedError<SessionNotFound>()("SessionNotFound", {
+  ref: Schema.String,
+  message: Schema.String
+}) {}
+
+export class SessionCorrupt extends Schema.TaggedError<SessionCorrupt>()("SessionCorrupt", {
+  path: Schema.String,
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+export class SessionFormatTooNew extends Schema.TaggedError<SessionFormatTooNew>()("SessionFormatTooNew", {
+  path: Schema.String,
+  found: Schema.Number,
+  supported: Schema.Number,
+  message: Schema.String
+}) {}
+
+export class StoreIoError extends Schema.TaggedError<StoreIoError>()("StoreIoError", {
+  path: Schema.String,
+  operation: Schema.String,
+  message: Schema.String
+}) {}
+
+export class NameTaken extends Schema.TaggedError<NameTaken>()("NameTaken", {
+  name: Schema.String,
+  sessionId: Schema.String,
+  message: Schema.String
+}) {}
+
+export class InvalidName extends Schema.TaggedError<InvalidName>()("InvalidName", {
+  name: Schema.String,
+  message: Schema.String
+}) {}
+
+export type ReadError = SessionNotFound | SessionCorrupt | SessionFormatTooNew | StoreIoError
+
+/** One row of `list`: a session that decodes, or one that does not (with the reason). */
+export type SessionListing =
+  | { readonly _tag: "Ok"; readonly id: string; readonly dir: string; readonly legacy: boolean; readonly meta: SessionMeta }
+  | {
+      readonly _tag: "Corrupt"
+      readonly id: string
+      readonly dir: string
+      readonly legacy: boolean
+      readonly error: SessionCorrupt | SessionFormatTooNew | StoreIoError
+    }
+
+export interface NameBinding {
+  readonly name: string
+  readonly sessionId: string
+  readonly created: string
+}
+
+export interface NewSession {
+  readonly source: string
+  readonly model: string
+  readonly name?: string | undefined
+  readonly image?: ImageIdentity | undefined
+  readonly guest?: SessionMeta["guest"]
+  readonly vmm?: SessionMeta["vmm"]
+  readonly resources?: SessionMeta["resources"]
+}
+
+/**
+ * The sessions on disk (DESIGN.md "On disk"). Reads never rewrite or delete; writes are atomic
+ * and durable; `remove` is the only way a session directory is deleted, and only on request.
+ */
+export interface SessionStoreShape {
+  /** new unique id (sorts by creation time), dir 0700, session.json written atomically */
+  readonly create: (input: NewSession) => Effect.Effect<SessionMeta, StoreIoError>
+  readonly get: (id: string) => Effect.Effect<SessionMeta, ReadError>
+  /** every session in the current and the legacy home; corrupt ones are listed with the reason */
+  readonly list: () => Effect.Effect<ReadonlyArray<SessionListing>, StoreIoError>
+  readonly update: (
+    id: string,
+    f: (meta: SessionMeta) => SessionMeta
+  ) => Effect.Effect<SessionMeta, ReadError>
+  /** explicit removal only; also unbinds names that point at it */
+  readonly remove: (id: string) => Effect.Effect<void, SessionNotFound | StoreIoError>
+  readonly dir: (id: string) => string
+  readonly readGuestConfig: (id: string) => Effect.Effect<GuestConfig, ReadError>
+  readonly writeGuestConfig: (id: string, config: GuestConfig) => Effect.Effect<void, StoreIoError>
+  /** an id, or a bound name → the session id */
+  readonly resolve: (ref: string) => Effect.Effect<string, SessionNotFound | SessionCorrupt | StoreIoError>
+  // names (seed 001)
+  readonly bindName: (name: string, id: string) => Effect.Effect<NameBinding, NameTaken | InvalidName | SessionNotFound | StoreIoError>
+  readonly lookupName: (name: string) => Effect.Effect<NameBinding, SessionNotFound | SessionCorrupt | StoreIoError>
+  readonly unbindName: (name: string) => Effect.Effect<void, SessionNotFound | StoreIoError>
+  readonly listNames: () => Effect.Effect<ReadonlyArray<NameBinding>, StoreIoError>
+}
+
+export class SessionStore extends Context.Tag("abox/SessionStore")<SessionStore, SessionStoreShape>() {}

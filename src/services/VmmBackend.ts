@@ -1,0 +1,78 @@
+import * as Context from "effect/Context"
+import type * as Duration from "effect/Duration"
+import type * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
+import * as Schema from "effect/Schema"
+import type { CloseOutcome, GuestArch, VmmBackendName } from "./SessionStore.js"
+
+export interface CloseBounds {
+  /** after the shutdown RPC: how long the VM gets to power off by itself */
+  readonly graceful: Duration.DurationInput
+  /** after the helper signal (SIGTERM on Linux, SIGINT on macOS) */
+  readonly signalled: Duration.DurationInput
+  /** after SIGKILL, how long to wait for the reap before reporting */
+  readonly killed: Duration.DurationInput
+}
+
+export interface VmSpec {
+  readonly sessionId: string
+  readonly sessionDir: string
+  readonly arch: GuestArch
+  readonly kernel: string
+  readonly initrd: string
+  /** guest root disk (rw, /dev/vda) */
+  readonly rootDisk: string
+  /** sealed config disk (ro, /dev/vdb) */
+  readonly configDisk: string
+  /** the host end of the guest RPC channel; the host is listening on it before start */
+  readonly rpcSocket: string
+  readonly consoleLog: string
+  readonly cpus: number
+  readonly memoryMiB: number
+  /** the session's locked fd (RuntimeLock): inherited by the helper so the lock lives as long as the VM */
+  readonly lockFd: number
+  readonly bounds: CloseBounds
+  /** extra kernel command line words (tests) */
+  readonly kernelArgs?: ReadonlyArray<string>
+}
+
+export interface VmExit {
+  readonly exitCode: number | null
+  readonly signal: string | null
+}
+
+export interface VmHandle {
+  readonly backend: VmmBackendName
+  /** pid of the helper (abox-vmm) that owns the VMM process */
+  readonly helperPid: number
+  /** pid of the VMM process itself (qemu / vfkit), once known */
+  readonly vmmPid: number
+  /** completes when the VM has exited and been reaped */
+  readonly exited: Effect.Effect<VmExit>
+  /** the close outcome, once the scope's finalizer has run (for session.json) */
+  readonly outcome: Effect.Effect<CloseOutcome>
+}
+
+export class VmmError extends Schema.TaggedError<VmmError>()("VmmError", {
+  backend: Schema.String,
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+export class VmmUnavailable extends Schema.TaggedError<VmmUnavailable>()("VmmUnavailable", {
+  backend: Schema.String,
+  message: Schema.String
+}) {}
+
+/**
+ * Starts a VM. The handle is scoped: its finalizer is the VMM half of Close (bounded wait for
+ * the guest to power off → helper signal → bounded wait → SIGKILL → wait/reap). The GuestRpc
+ * shutdown is acquired after the VM, so it runs first.
+ */
+export interface VmmBackendShape {
+  readonly name: VmmBackendName
+  readonly arch: GuestArch
+  readonly start: (spec: VmSpec) => Effect.Effect<VmHandle, VmmError | VmmUnavailable, Scope.Scope>
+}
+
+export class VmmBackend extends Context.Tag("abox/VmmBackend")<VmmBackend, VmmBackendShape>() {}
