@@ -51,7 +51,11 @@ export const checkCompatibility = (
     Either.left(new SessionIncompatible({ sessionId: meta.id, field, recorded, host: hostValue, message }))
 
   if (meta.guest === undefined || meta.vmm === undefined) {
-    if (host.os === "darwin" && host.arch === LEGACY_BACKFILL.arch && host.backend === LEGACY_BACKFILL.backend) {
+    if (
+      host.os === "darwin" &&
+      host.arch === LEGACY_BACKFILL.arch &&
+      host.backend === LEGACY_BACKFILL.backend
+    ) {
       // protocol unknown: the guest's hello decides (GuestTooOld if it predates v4)
       return Either.right({
         guest: meta.guest ?? { arch: LEGACY_BACKFILL.arch, protocol: PROTOCOL_VERSION },

@@ -1,0 +1,317 @@
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as ExecutionStrategy from "effect/ExecutionStrategy"
+import * as Exit from "effect/Exit"
+import * as Option from "effect/Option"
+import * as Ref from "effect/Ref"
+import * as Scope from "effect/Scope"
+import type * as Stream from "effect/Stream"
+import * as path from "node:path"
+import { writeFileAtomic } from "../lib/atomicFile.js"
+import { snapshotSource } from "../lib/snapshot.js"
+import { encodeConfigDisk } from "../protocol/ConfigDisk.js"
+import { GUEST_CONFIG_FORMAT, type GuestConfig } from "../protocol/GuestConfig.js"
+import type { HelloMessage } from "../protocol/Messages.js"
+import {
+  GuestDisconnected,
+  GuestRpc,
+  type GuestConnection,
+  type TurnEvent,
+  type GuestRpcError
+} from "../services/GuestRpc.js"
+import { Images, type GoldenImage } from "../services/Images.js"
+import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
+import { NameTaken, SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
+import { VmmBackend, VmmError, type CloseBounds, type VmHandle } from "../services/VmmBackend.js"
+import { checkCompatibility, hostArch } from "./compat.js"
+
+/** A running session: the VM is up, the guest said hello. Closing its scope is Close. */
+export interface Session {
+  readonly id: string
+  readonly dir: string
+  readonly meta: SessionMeta
+  readonly hello: HelloMessage
+  readonly connection: GuestConnection
+  /** one turn: the guest's events as they come, ending with `End`; interrupting it cancels the turn */
+  readonly turn: (text: string) => Stream.Stream<TurnEvent, GuestRpcError>
+  /** source entries the snapshot left out (sockets, fifos, devices); empty on resume */
+  readonly skipped: ReadonlyArray<string>
+}
+
+export interface BootOptions {
+  readonly model?: string | undefined
+  readonly cpus?: number | undefined
+  readonly memoryMiB?: number | undefined
+  readonly bounds?: Partial<CloseBounds> | undefined
+  readonly helloTimeout?: Duration.DurationInput | undefined
+  readonly shutdownTimeout?: Duration.DurationInput | undefined
+  /** argv of an agent command that prints JSON lines (default: the turn runs as a shell command) */
+  readonly agent?: ReadonlyArray<string> | undefined
+  /** test images only: the guest ignores shutdown, so Close takes the bounded kill path */
+  readonly ignoreShutdown?: boolean | undefined
+}
+
+export interface OpenOptions extends BootOptions {
+  readonly source: string
+  readonly name?: string | undefined
+  readonly image?: string | undefined
+}
+
+export const DEFAULT_MODEL = "default"
+export const DEFAULT_CPUS = 2
+export const DEFAULT_MEMORY_MIB = 1024
+export const DEFAULT_BOUNDS: CloseBounds = {
+  graceful: "15 seconds",
+  signalled: "5 seconds",
+  killed: "5 seconds"
+}
+/** generous: under TCG on a loaded machine a boot can take many times its usual 4 s */
+export const DEFAULT_HELLO_TIMEOUT = Duration.minutes(3)
+export const DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(10)
+
+export const GUEST_REPO = "/work/repo"
+
+export const sessionFiles = (dir: string) => ({
+  rootDisk: path.join(dir, "root.raw"),
+  configDisk: path.join(dir, "config.raw"),
+  consoleLog: path.join(dir, "console.log"),
+  rpcSocket: path.join(dir, "rpc.sock")
+})
+
+const storeIo = (file: string, operation: string) => (error: { readonly message: string }) =>
+  new StoreIoError({ path: file, operation, message: `${operation} ${file}: ${error.message}` })
+
+/** config.raw (the sealed disk the guest reads) and guest-config.json (the host's copy): one content, secretless. */
+const writeConfig = Effect.fn("session.writeConfig")(function* (
+  id: string,
+  dir: string,
+  config: GuestConfig
+) {
+  const store = yield* SessionStore
+  const configDisk = sessionFiles(dir).configDisk
+  yield* writeFileAtomic(configDisk, encodeConfigDisk(config), 0o600).pipe(
+    Effect.mapError(storeIo(configDisk, "write config disk"))
+  )
+  yield* store.writeGuestConfig(id, config)
+})
+
+const guestConfigFor = (id: string, options: BootOptions): GuestConfig => ({
+  format: GUEST_CONFIG_FORMAT,
+  sessionId: id,
+  model: options.model ?? DEFAULT_MODEL,
+  ...(options.agent !== undefined ? { agent: { argv: [...options.agent] } } : {}),
+  ...(options.ignoreShutdown === true ? { ignoreShutdown: true } : {})
+})
+
+/**
+ * The part Open and Resume share: config → listen on rpc.sock → start the VM → the guest's
+ * hello. Finalizers run in reverse: shutdown RPC (the connection) → the VMM's bounded stop →
+ * the close outcome into session.json → (the caller's) unlock.
+ */
+const boot = Effect.fn("session.boot")(function* (
+  meta: SessionMeta,
+  image: Pick<GoldenImage, "kernel" | "initrd" | "arch">,
+  lock: HeldLock,
+  options: BootOptions
+) {
+  const store = yield* SessionStore
+  const vmm = yield* VmmBackend
+  const rpc = yield* GuestRpc
+  const dir = store.dir(meta.id)
+  const files = sessionFiles(dir)
+
+  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options))
+
+  const vmRef = yield* Ref.make(Option.none<VmHandle>())
+  yield* Effect.addFinalizer(() =>
+    Ref.get(vmRef).pipe(
+      Effect.flatMap(
+        Option.match({
+          onNone: () => Effect.void,
+          onSome: (vm) =>
+            vm.outcome.pipe(
+              Effect.flatMap((outcome) =>
+                store.update(meta.id, (current) => ({ ...current, lastClose: outcome }))
+              ),
+              Effect.ignore
+            )
+        })
+      )
+    )
+  )
+
+  const listener = yield* rpc.listen(files.rpcSocket, {
+    helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
+    shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT
+  })
+  const vm = yield* vmm.start({
+    sessionId: meta.id,
+    sessionDir: dir,
+    arch: image.arch,
+    kernel: image.kernel,
+    initrd: image.initrd,
+    rootDisk: files.rootDisk,
+    configDisk: files.configDisk,
+    rpcSocket: files.rpcSocket,
+    consoleLog: files.consoleLog,
+    cpus: options.cpus ?? meta.resources?.cpus ?? DEFAULT_CPUS,
+    memoryMiB: options.memoryMiB ?? meta.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
+    lockFd: lock.fd,
+    bounds: { ...DEFAULT_BOUNDS, ...options.bounds }
+  })
+  yield* Ref.set(vmRef, Option.some(vm))
+
+  // A VM that dies before its hello is reported at once, not after the hello timeout.
+  const died = vm.exited.pipe(
+    Effect.flatMap((exit) =>
+      Effect.fail(
+        new GuestDisconnected({
+          message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); see ${files.consoleLog}`
+        })
+      )
+    )
+  )
+  return yield* Effect.raceFirst(listener.accept, died)
+})
+
+const sessionFrom = (
+  meta: SessionMeta,
+  dir: string,
+  connection: GuestConnection,
+  skipped: ReadonlyArray<string>
+): Session => ({
+  id: meta.id,
+  dir,
+  meta,
+  hello: connection.hello,
+  connection,
+  turn: (text) => connection.turn(text),
+  skipped
+})
+
+/**
+ * Runs `build` in a scope of its own, forked from the caller's: on success the resources join
+ * the caller's scope; on failure or interruption they are released at once (VM stopped,
+ * lock freed) and `undo` runs, so nothing half-made is left.
+ */
+const transactional = <A, E, R, E2, R2>(
+  build: Effect.Effect<A, E, R | Scope.Scope>,
+  undo: Effect.Effect<void, E2, R2>
+) =>
+  Effect.gen(function* () {
+    const parent = yield* Effect.scope
+    const scope = yield* Scope.fork(parent, ExecutionStrategy.sequential)
+    return yield* build.pipe(
+      Scope.extend(scope),
+      Effect.onExit((exit) =>
+        Exit.isSuccess(exit)
+          ? Effect.void
+          : Scope.close(scope, exit).pipe(Effect.zipRight(Effect.ignore(undo)))
+      )
+    )
+  })
+
+/**
+ * Open: new id → lock → snapshot the source → clone golden → config → boot → hello →
+ * transfer into /work/repo → ready. A failure at any step undoes what was done: the VM is
+ * stopped, the lock freed, the new session directory and its name removed.
+ */
+export const open = Effect.fn("open")(function* (options: OpenOptions) {
+  const store = yield* SessionStore
+  const lock = yield* RuntimeLock
+  const images = yield* Images
+  const vmm = yield* VmmBackend
+
+  const snapshot = yield* snapshotSource(options.source)
+  if (options.name !== undefined) {
+    const existing = yield* store.lookupName(options.name).pipe(Effect.option)
+    if (Option.isSome(existing)) {
+      return yield* new NameTaken({
+        name: options.name,
+        sessionId: existing.value.sessionId,
+        message: `the name "${options.name}" is bound to session ${existing.value.sessionId}`
+      })
+    }
+  }
+  const image = yield* images.resolve(options.image)
+  if (image.arch !== vmm.arch) {
+    return yield* new VmmError({
+      backend: vmm.name,
+      reason: "arch",
+      message: `image ${image.identity.name} is ${image.arch}; the ${vmm.name} backend here runs ${vmm.arch} guests`
+    })
+  }
+
+  const meta = yield* store.create({
+    source: path.resolve(options.source),
+    model: options.model ?? DEFAULT_MODEL,
+    name: options.name,
+    image: image.identity,
+    guest: { arch: image.arch, protocol: image.protocol },
+    vmm: { backend: vmm.name },
+    resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB }
+  })
+  const dir = store.dir(meta.id)
+
+  return yield* transactional(
+    Effect.gen(function* () {
+      const held = yield* lock.acquire(meta.id)
+      yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
+      const connection = yield* boot(meta, image, held, options)
+      yield* connection.transfer(snapshot.tar, GUEST_REPO)
+      if (options.name !== undefined) yield* store.bindName(options.name, meta.id)
+      return sessionFrom(meta, dir, connection, snapshot.skipped)
+    }),
+    store.remove(meta.id)
+  )
+})
+
+/**
+ * Resume(id | name): lock first (a concurrent resume fails `SessionBusy` before any config or
+ * disk is touched) → session.json → compatibility with this host → config rewritten
+ * (secretless, current model) → boot the existing root.raw → hello (too old → GuestTooOld).
+ * The source directory is never copied again; nothing is inferred from the current directory.
+ */
+export const resume = Effect.fn("resume")(function* (ref: string, options: BootOptions = {}) {
+  const store = yield* SessionStore
+  const lock = yield* RuntimeLock
+  const images = yield* Images
+  const vmm = yield* VmmBackend
+
+  const id = yield* store.resolve(ref)
+  return yield* transactional(
+    Effect.gen(function* () {
+      const held = yield* lock.acquire(id)
+      const recorded = yield* store.get(id)
+      const compat = yield* checkCompatibility(recorded, {
+        os: process.platform,
+        arch: hostArch(),
+        backend: vmm.name
+      })
+      const image = yield* images.resolve(
+        recorded.image !== undefined ? `${recorded.image.name}@${recorded.image.digest}` : undefined
+      )
+      const meta = yield* store.update(id, (current) => ({
+        ...current,
+        model: options.model ?? current.model,
+        guest: compat.guest,
+        vmm: compat.vmm,
+        ...(compat.backfilled ? { backfilled: new Date().toISOString() } : {})
+      }))
+      const connection = yield* boot(meta, { ...image, arch: compat.guest.arch }, held, {
+        ...options,
+        model: meta.model
+      })
+      // the guest's own word on its protocol wins over what was recorded (or backfilled)
+      const current =
+        connection.hello.protocol === meta.guest?.protocol
+          ? meta
+          : yield* store.update(id, (m) => ({
+              ...m,
+              guest: { arch: compat.guest.arch, protocol: connection.hello.protocol }
+            }))
+      return sessionFrom(current, store.dir(id), connection, [])
+    }),
+    Effect.void
+  )
+})
