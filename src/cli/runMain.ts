@@ -1,0 +1,31 @@
+import { makeRunMain } from "@effect/platform/Runtime"
+
+/** The termination signals the CLI turns into Close (seed 000: SIGINT, SIGTERM and SIGHUP). */
+export const CLOSE_SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const
+
+/**
+ * Like NodeRuntime.runMain, with SIGHUP too: the first termination signal interrupts the main
+ * fiber, so every session scope runs its finalizers (the one Close path); the listeners are
+ * removed at once, so a second signal gets the operating system's default forced exit (the
+ * VMM helper still stops the VM when its liveness pipe closes).
+ */
+export const runMain = makeRunMain(({ fiber, teardown }) => {
+  const keepAlive = setInterval(() => {}, 2 ** 31 - 1)
+  let receivedSignal = false
+  const removeListeners = () => {
+    for (const signal of CLOSE_SIGNALS) process.removeListener(signal, onSignal)
+  }
+  function onSignal() {
+    receivedSignal = true
+    removeListeners()
+    fiber.unsafeInterruptAsFork(fiber.id())
+  }
+  for (const signal of CLOSE_SIGNALS) process.on(signal, onSignal)
+  fiber.addObserver((exit) => {
+    if (!receivedSignal) removeListeners()
+    clearInterval(keepAlive)
+    teardown(exit, (code) => {
+      if (receivedSignal || code !== 0) process.exit(code)
+    })
+  })
+})
