@@ -1,4 +1,5 @@
 import { makeRunMain } from "@effect/platform/Runtime"
+import { constants } from "node:os"
 
 /** The termination signals the CLI turns into Close (seed 000: SIGINT, SIGTERM and SIGHUP). */
 export const CLOSE_SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const
@@ -11,21 +12,23 @@ export const CLOSE_SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const
  */
 export const runMain = makeRunMain(({ fiber, teardown }) => {
   const keepAlive = setInterval(() => {}, 2 ** 31 - 1)
-  let receivedSignal = false
+  let receivedSignal: NodeJS.Signals | undefined
   const removeListeners = () => {
     for (const signal of CLOSE_SIGNALS) process.removeListener(signal, onSignal)
   }
-  function onSignal() {
-    receivedSignal = true
+  function onSignal(signal: NodeJS.Signals) {
+    receivedSignal = signal
     removeListeners()
     fiber.unsafeInterruptAsFork(fiber.id())
   }
   for (const signal of CLOSE_SIGNALS) process.on(signal, onSignal)
   fiber.addObserver((exit) => {
-    if (!receivedSignal) removeListeners()
+    if (receivedSignal === undefined) removeListeners()
     clearInterval(keepAlive)
     teardown(exit, (code) => {
-      if (receivedSignal || code !== 0) process.exit(code)
+      // after a signal, exit as the shell expects of a process that signal ended (128 + n)
+      if (receivedSignal !== undefined) process.exit(128 + constants.signals[receivedSignal])
+      if (code !== 0) process.exit(code)
     })
   })
 })
