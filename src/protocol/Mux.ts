@@ -1,0 +1,597 @@
+import type { Duplex } from "node:stream"
+import * as Either from "effect/Either"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import {
+  CONTROL_CHANNEL,
+  decodeCredit,
+  encodeCredit,
+  FRAME_HEADER_BYTES,
+  FrameDecoder,
+  FrameError,
+  FrameKind,
+  MAX_CHANNEL_ID,
+  MAX_FRAME_PAYLOAD
+} from "./Frame.js"
+import type { Frame } from "./Frame.js"
+import { ControlMessage } from "./Messages.js"
+
+/**
+ * The protocol v4 multiplexer over one byte stream (docs/protocol.md): channel 0 carries
+ * Schema-validated control messages, other channels carry bytes with per-channel credit-based
+ * flow control. Plain TypeScript over a Node `Duplex` (a unix socket on the host, the
+ * virtio-serial port or a socket in the guest); the host wraps it in Effect (GuestRpcLive).
+ *
+ * Memory is bounded: the decoder holds at most one frame (≤ 1 MiB), each channel buffers at most
+ * its window of unread bytes (a peer that sends more is a protocol error), the control queue is
+ * bounded (the socket is paused while it is full), and writers wait for credit and for the
+ * stream's backpressure.
+ */
+
+/** v4's window: the unacknowledged DATA bytes a sender may have in flight per channel. */
+export const INITIAL_WINDOW = 256 * 1024
+export const DEFAULT_MAX_CONTROL_QUEUE = 1024
+
+export interface MuxOptions {
+  /** both ends must agree; v4 fixes it at INITIAL_WINDOW (tests use smaller windows) */
+  readonly initialWindow?: number
+  /** control messages held (undelivered or being handled) before the stream is paused */
+  readonly maxControlQueue?: number
+}
+
+/** A protocol violation by the peer, or a use of a closed mux/channel. */
+export class MuxError extends Error {
+  readonly reason: string
+  constructor(reason: string, options?: { readonly cause?: unknown }) {
+    super(`protocol v4 error: ${reason}`, options?.cause === undefined ? undefined : { cause: options.cause })
+    this.name = "MuxError"
+    this.reason = reason
+  }
+}
+
+export interface MuxChannel {
+  readonly id: number
+  /** waits for credit and the stream's backpressure; splits into frames ≤ MAX_FRAME_PAYLOAD */
+  write(chunk: Uint8Array): Promise<void>
+  /** sends EOF: no more DATA from this side */
+  end(): Promise<void>
+  /** the peer's bytes; consuming grants credit back; ends after the peer's EOF, rejects on a failure */
+  readonly readable: AsyncIterable<Uint8Array>
+  /** local close: pending reads and writes fail, later DATA for it is dropped */
+  destroy(reason?: string): void
+}
+
+const decodeControl = Schema.decodeUnknownEither(Schema.parseJson(ControlMessage))
+const encodeControl = Schema.encodeSync(Schema.parseJson(ControlMessage))
+const utf8 = new TextDecoder("utf-8", { fatal: true })
+const utf8Encoder = new TextEncoder()
+
+/** small frames are written as one buffer; bigger ones as header + payload (corked: one writev) */
+const CONCAT_BELOW = 16 * 1024
+
+type ControlHandler = (message: ControlMessage) => void | Promise<unknown>
+
+interface Deferred {
+  readonly promise: Promise<void>
+  readonly resolve: () => void
+  readonly reject: (error: MuxError) => void
+}
+
+const deferred = (): Deferred => {
+  let resolve!: () => void
+  let reject!: (error: MuxError) => void
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res
+    reject = rej
+  })
+  // a waiter that nobody awaits any more must not become an unhandled rejection
+  promise.catch(() => undefined)
+  return { promise, resolve, reject }
+}
+
+class Channel implements MuxChannel {
+  /** bytes we may still send (the peer's grant) */
+  sendCredit: number
+  /** bytes received and not yet granted back */
+  private unacked = 0
+  /** bytes consumed by our reader and not yet granted back */
+  private consumed = 0
+  private readonly chunks: Array<Uint8Array> = []
+  private bufferedBytes = 0
+  private readWaiter: Deferred | undefined = undefined
+  private creditWaiter: Deferred | undefined = undefined
+  private writeChain: Promise<void> = Promise.resolve()
+  peerEof = false
+  localEof = false
+  failure: MuxError | undefined = undefined
+  private dropped = false
+  private iterating = false
+  readonly readable: AsyncIterable<Uint8Array>
+
+  constructor(
+    readonly id: number,
+    private readonly mux: Mux,
+    private readonly window: number
+  ) {
+    this.sendCredit = window
+    this.readable = { [Symbol.asyncIterator]: () => this.iterator() }
+  }
+
+  /** unread bytes held for the reader (≤ window) */
+  get buffered(): number {
+    return this.bufferedBytes
+  }
+
+  // ---- receive side (called by the mux) ----
+
+  onData(payload: Uint8Array): MuxError | undefined {
+    if (this.peerEof) return new MuxError(`DATA on channel ${this.id} after its EOF`)
+    this.unacked += payload.length
+    if (this.unacked > this.window) {
+      return new MuxError(
+        `peer exceeded its credit on channel ${this.id} (${this.unacked} unacknowledged bytes, window ${this.window})`
+      )
+    }
+    if (this.failure !== undefined) return undefined // destroyed locally: dropped
+    if (payload.length === 0) return undefined
+    this.chunks.push(payload)
+    this.bufferedBytes += payload.length
+    this.wakeReader()
+    return undefined
+  }
+
+  onCredit(grant: number): MuxError | undefined {
+    if (this.sendCredit + grant > this.window) {
+      return new MuxError(`peer granted more credit than was sent on channel ${this.id}`)
+    }
+    this.sendCredit += grant
+    const waiter = this.creditWaiter
+    this.creditWaiter = undefined
+    waiter?.resolve()
+    return undefined
+  }
+
+  onEof(): MuxError | undefined {
+    if (this.peerEof) return new MuxError(`second EOF on channel ${this.id}`)
+    this.peerEof = true
+    this.wakeReader()
+    this.mux.maybeRetire(this)
+    return undefined
+  }
+
+  /** `drop`: a local destroy discards unread bytes; a closing mux keeps what a finished peer sent */
+  fail(error: MuxError, drop = false): void {
+    if (this.failure !== undefined) return
+    this.failure = error
+    if (drop || !this.peerEof) {
+      this.dropped = true
+      this.chunks.length = 0
+      this.bufferedBytes = 0
+    }
+    const reader = this.readWaiter
+    this.readWaiter = undefined
+    reader?.resolve()
+    const writer = this.creditWaiter
+    this.creditWaiter = undefined
+    writer?.reject(error)
+  }
+
+  private wakeReader(): void {
+    const waiter = this.readWaiter
+    this.readWaiter = undefined
+    waiter?.resolve()
+  }
+
+  private async *iterator(): AsyncGenerator<Uint8Array> {
+    if (this.iterating) throw new MuxError(`channel ${this.id} is already being read`)
+    this.iterating = true
+    while (true) {
+      if (this.dropped && this.failure !== undefined) throw this.failure
+      const chunk = this.chunks.shift()
+      if (chunk !== undefined) {
+        this.bufferedBytes -= chunk.length
+        this.grant(chunk.length)
+        yield chunk
+        continue
+      }
+      if (this.peerEof) return
+      this.readWaiter = deferred()
+      await this.readWaiter.promise
+    }
+  }
+
+  /** credit goes back in batches of a quarter window (or at once when the buffer is empty) */
+  private grant(bytes: number): void {
+    this.consumed += bytes
+    if (this.peerEof || this.failure !== undefined) return
+    if (this.consumed >= this.window / 4 || this.chunks.length === 0) {
+      const grant = this.consumed
+      this.consumed = 0
+      this.unacked -= grant
+      this.mux.sendCredit(this.id, grant)
+    }
+  }
+
+  // ---- send side ----
+
+  write(chunk: Uint8Array): Promise<void> {
+    const run = this.writeChain.then(() => this.writeNow(chunk))
+    this.writeChain = run.catch(() => undefined)
+    return run
+  }
+
+  private async writeNow(chunk: Uint8Array): Promise<void> {
+    let offset = 0
+    while (offset < chunk.length) {
+      if (this.failure !== undefined) throw this.failure
+      if (this.localEof) throw new MuxError(`write on channel ${this.id} after its EOF`)
+      if (this.sendCredit === 0) {
+        this.creditWaiter = deferred()
+        await this.creditWaiter.promise
+        continue
+      }
+      const n = Math.min(this.sendCredit, chunk.length - offset, MAX_FRAME_PAYLOAD)
+      this.sendCredit -= n
+      await this.mux.writeFrame(this.id, FrameKind.Data, chunk.subarray(offset, offset + n))
+      offset += n
+    }
+    if (this.failure !== undefined) throw this.failure
+  }
+
+  end(): Promise<void> {
+    const run = this.writeChain.then(async () => {
+      if (this.failure !== undefined) throw this.failure
+      if (this.localEof) return
+      this.localEof = true
+      await this.mux.writeFrame(this.id, FrameKind.Eof, new Uint8Array(0))
+      this.mux.maybeRetire(this)
+    })
+    this.writeChain = run.catch(() => undefined)
+    return run
+  }
+
+  destroy(reason?: string): void {
+    this.fail(new MuxError(reason ?? `channel ${this.id} destroyed`), true)
+    this.mux.retire(this)
+  }
+}
+
+export class Mux {
+  private readonly decoder = new FrameDecoder()
+  private readonly window: number
+  private readonly maxControlQueue: number
+  private readonly channels = new Map<number, Channel>()
+  /** channels that are finished (both EOFs or destroyed): late frames for them are dropped */
+  private readonly retired = new Set<number>()
+  private controlHandler: ControlHandler | undefined = undefined
+  private readonly controlQueue: Array<ControlMessage> = []
+  private controlInFlight = 0
+  private paused = false
+  private readonly errorHandlers: Array<(error: MuxError) => void> = []
+  private readonly closeHandlers: Array<() => void> = []
+  private error: MuxError | undefined = undefined
+  private closed = false
+  private ending = false
+  private drainWaiter: Deferred | undefined = undefined
+
+  constructor(
+    private readonly stream: Duplex,
+    options?: MuxOptions
+  ) {
+    this.window = options?.initialWindow ?? INITIAL_WINDOW
+    this.maxControlQueue = options?.maxControlQueue ?? DEFAULT_MAX_CONTROL_QUEUE
+    if (!Number.isInteger(this.window) || this.window < 1 || this.window > 0xffffffff) {
+      throw new MuxError(`initial window ${this.window} is not a positive u32`)
+    }
+    stream.on("data", (chunk: Buffer) => this.onChunk(chunk))
+    stream.on("end", () => this.onEnd())
+    stream.on("drain", () => this.onDrain())
+    // a stream error (ECONNRESET, EPIPE) is a disconnect, reported through onClose
+    stream.on("error", () => this.destroy())
+    stream.on("close", () => this.onStreamClose())
+    if (stream.destroyed) queueMicrotask(() => this.onStreamClose())
+  }
+
+  /** the peer's control messages in order; messages that arrived earlier are delivered now */
+  onControl(handler: (message: ControlMessage) => void | Promise<unknown>): void {
+    this.controlHandler = handler
+    this.deliverControl()
+  }
+
+  /** protocol violations (the mux closes after reporting) */
+  onError(handler: (error: MuxError) => void): void {
+    this.errorHandlers.push(handler)
+    const error = this.error
+    if (error !== undefined) queueMicrotask(() => handler(error))
+  }
+
+  /** the stream ended or close()/destroy() was called; once */
+  onClose(handler: () => void): void {
+    if (this.closed) queueMicrotask(handler)
+    else this.closeHandlers.push(handler)
+  }
+
+  get isClosed(): boolean {
+    return this.closed
+  }
+
+  /** the protocol violation that closed the mux, if any */
+  get failure(): MuxError | undefined {
+    return this.error
+  }
+
+  /** resolves when handed to the stream (after its backpressure, if any) */
+  sendControl(message: ControlMessage): Promise<void> {
+    let json: string
+    try {
+      json = encodeControl(message)
+    } catch (cause) {
+      return Promise.reject(new MuxError(`invalid control message: ${String(cause)}`, { cause }))
+    }
+    const payload = utf8Encoder.encode(json)
+    if (payload.length > MAX_FRAME_PAYLOAD) {
+      return Promise.reject(
+        new MuxError(`control message of ${payload.length} bytes exceeds ${MAX_FRAME_PAYLOAD}`)
+      )
+    }
+    this.noteOutgoing(message)
+    return this.writeFrame(CONTROL_CHANNEL, FrameKind.Control, payload)
+  }
+
+  /** get-or-create the local end of a data channel */
+  channel(id: number): MuxChannel {
+    if (!Number.isInteger(id) || id < 1 || id > MAX_CHANNEL_ID)
+      throw new MuxError(`channel id ${id} is not a data channel`)
+    return this.open(id)
+  }
+
+  /** graceful: pending writes are flushed, then the stream ends and is destroyed */
+  close(): void {
+    if (this.closed || this.ending) return
+    this.ending = true
+    this.failAll(new MuxError("mux closed"))
+    if (this.stream.writableFinished || !this.stream.writable) {
+      this.stream.destroy()
+      return
+    }
+    this.stream.end(() => this.stream.destroy())
+  }
+
+  /** immediate: unsent bytes are dropped */
+  destroy(): void {
+    if (this.closed) return
+    this.failAll(new MuxError("mux closed"))
+    this.stream.destroy()
+  }
+
+  // ---- internals shared with Channel ----
+
+  /** @internal */
+  writeFrame(channel: number, kind: FrameKind, payload: Uint8Array): Promise<void> {
+    if (this.closed || this.ending || this.stream.destroyed || !this.stream.writable) {
+      return Promise.reject(this.error ?? new MuxError("mux closed"))
+    }
+    const header = new Uint8Array(FRAME_HEADER_BYTES)
+    const view = new DataView(header.buffer)
+    view.setUint32(0, payload.length)
+    view.setUint32(4, channel)
+    view.setUint8(8, kind)
+    let ok: boolean
+    if (payload.length < CONCAT_BELOW) {
+      const bytes = new Uint8Array(FRAME_HEADER_BYTES + payload.length)
+      bytes.set(header, 0)
+      bytes.set(payload, FRAME_HEADER_BYTES)
+      ok = this.stream.write(bytes)
+    } else {
+      this.stream.cork()
+      this.stream.write(header)
+      ok = this.stream.write(payload)
+      this.stream.uncork()
+    }
+    if (ok) return Promise.resolve()
+    if (this.drainWaiter === undefined) this.drainWaiter = deferred()
+    return this.drainWaiter.promise
+  }
+
+  /** @internal credit is never held back by backpressure: it is what unblocks the peer */
+  sendCredit(channel: number, bytes: number): void {
+    if (this.closed || this.ending || this.stream.destroyed || !this.stream.writable || bytes === 0) return
+    const frame = new Uint8Array(FRAME_HEADER_BYTES + 4)
+    const view = new DataView(frame.buffer)
+    view.setUint32(0, 4)
+    view.setUint32(4, channel)
+    view.setUint8(8, FrameKind.Credit)
+    frame.set(encodeCredit(bytes), FRAME_HEADER_BYTES)
+    this.stream.write(frame)
+  }
+
+  /** @internal */
+  maybeRetire(channel: Channel): void {
+    if (channel.peerEof && channel.localEof && channel.buffered === 0) {
+      // keep the object for its reader; only forget it for lookups of late frames
+      this.channels.delete(channel.id)
+      this.retired.add(channel.id)
+    }
+  }
+
+  /** @internal */
+  retire(channel: Channel): void {
+    if (this.channels.get(channel.id) === channel) this.channels.delete(channel.id)
+    this.retired.add(channel.id)
+  }
+
+  // ---- receive path ----
+
+  private open(id: number): Channel {
+    let channel = this.channels.get(id)
+    if (channel === undefined) {
+      channel = new Channel(id, this, this.window)
+      if (this.closed || this.ending) channel.fail(this.error ?? new MuxError("mux closed"))
+      this.retired.delete(id)
+      this.channels.set(id, channel)
+    }
+    return channel
+  }
+
+  /** control messages that open or close channels, in either direction */
+  private noteOutgoing(message: ControlMessage): void {
+    if (message.type === "transfer_begin") this.open(message.channel)
+    else if (message.type === "tunnel_deny" || message.type === "tunnel_close") {
+      const channel = this.channels.get(message.channel)
+      if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed`)
+    }
+  }
+
+  private noteIncoming(message: ControlMessage): MuxError | undefined {
+    switch (message.type) {
+      case "transfer_begin":
+      case "tunnel_open": {
+        const id = message.channel
+        if (!Number.isInteger(id) || id < 1 || id > MAX_CHANNEL_ID) {
+          return new MuxError(`${message.type} names channel ${id}, not a data channel`)
+        }
+        this.open(id)
+        return undefined
+      }
+      case "tunnel_close": {
+        const channel = this.channels.get(message.channel)
+        if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed by the peer`)
+        return undefined
+      }
+      default:
+        return undefined
+    }
+  }
+
+  private onChunk(chunk: Buffer): void {
+    if (this.closed || this.error !== undefined) return
+    let frames: Array<Frame>
+    try {
+      frames = this.decoder.push(chunk)
+    } catch (cause) {
+      this.protocolError(cause instanceof FrameError ? cause.reason : String(cause), cause)
+      return
+    }
+    for (const frame of frames) {
+      const problem = this.onFrame(frame)
+      if (problem !== undefined) {
+        this.protocolError(problem.reason, problem.cause)
+        return
+      }
+    }
+  }
+
+  private onFrame(frame: Frame): MuxError | undefined {
+    if (frame.kind === FrameKind.Control) {
+      let text: string
+      try {
+        text = utf8.decode(frame.payload)
+      } catch (cause) {
+        return new MuxError("control frame is not UTF-8", { cause })
+      }
+      const decoded = decodeControl(text)
+      if (Either.isLeft(decoded)) {
+        return new MuxError(
+          `invalid control message: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`,
+          { cause: decoded.left }
+        )
+      }
+      const problem = this.noteIncoming(decoded.right)
+      if (problem !== undefined) return problem
+      this.controlQueue.push(decoded.right)
+      this.deliverControl()
+      return undefined
+    }
+    const channel = this.channels.get(frame.channel)
+    if (channel === undefined) {
+      if (this.retired.has(frame.channel)) return undefined // late frames of a finished channel
+      return new MuxError(
+        `${frame.kind === FrameKind.Data ? "DATA" : frame.kind === FrameKind.Credit ? "CREDIT" : "EOF"} on unopened channel ${frame.channel}`
+      )
+    }
+    switch (frame.kind) {
+      case FrameKind.Data:
+        return channel.onData(frame.payload)
+      case FrameKind.Credit:
+        return channel.onCredit(decodeCredit(frame.payload))
+      case FrameKind.Eof:
+        return channel.onEof()
+    }
+  }
+
+  private deliverControl(): void {
+    while (this.controlHandler !== undefined && this.controlQueue.length > 0) {
+      const message = this.controlQueue.shift()!
+      let result: void | Promise<unknown>
+      try {
+        result = this.controlHandler(message)
+      } catch {
+        result = undefined // a throwing handler is the caller's bug; the mux keeps going
+      }
+      if (result !== undefined && typeof (result as Promise<unknown>).then === "function") {
+        this.controlInFlight++
+        ;(result as Promise<unknown>).then(
+          () => this.controlSettled(),
+          () => this.controlSettled()
+        )
+      }
+    }
+    this.updatePause()
+  }
+
+  private controlSettled(): void {
+    this.controlInFlight--
+    this.updatePause()
+  }
+
+  private updatePause(): void {
+    const held = this.controlQueue.length + this.controlInFlight
+    if (!this.paused && held >= this.maxControlQueue) {
+      this.paused = true
+      this.stream.pause()
+    } else if (this.paused && held < this.maxControlQueue) {
+      this.paused = false
+      if (!this.closed) this.stream.resume()
+    }
+  }
+
+  private onEnd(): void {
+    try {
+      this.decoder.finish()
+    } catch (cause) {
+      this.protocolError(cause instanceof FrameError ? cause.reason : String(cause), cause)
+      return
+    }
+    this.destroy()
+  }
+
+  private onDrain(): void {
+    const waiter = this.drainWaiter
+    this.drainWaiter = undefined
+    waiter?.resolve()
+  }
+
+  private protocolError(reason: string, cause?: unknown): void {
+    if (this.error !== undefined || this.closed) return
+    const error = new MuxError(reason, { cause })
+    this.error = error
+    for (const handler of this.errorHandlers) handler(error)
+    this.failAll(error)
+    this.stream.destroy()
+  }
+
+  private failAll(error: MuxError): void {
+    for (const channel of this.channels.values()) channel.fail(error)
+    const drain = this.drainWaiter
+    this.drainWaiter = undefined
+    drain?.reject(error)
+  }
+
+  private onStreamClose(): void {
+    if (this.closed) return
+    this.closed = true
+    this.failAll(this.error ?? new MuxError("connection closed"))
+    const handlers = this.closeHandlers.splice(0)
+    for (const handler of handlers) handler()
+  }
+}
