@@ -125,8 +125,11 @@ export interface NewSession {
  * and durable; `remove` is the only way a session directory is deleted, and only on request.
  */
 export interface SessionStoreShape {
-  /** new unique id (sorts by creation time), dir 0700, session.json written atomically */
-  readonly create: (input: NewSession) => Effect.Effect<SessionMeta, StoreIoError>
+  /**
+   * new unique id (sorts by creation time), dir 0700, session.json written atomically; with
+   * `name`, the name is bound too, and a failed bind leaves neither session nor name behind
+   */
+  readonly create: (input: NewSession) => Effect.Effect<SessionMeta, StoreIoError | NameTaken | InvalidName>
   readonly get: (id: string) => Effect.Effect<SessionMeta, ReadError>
   /** every session in the current and the legacy home; corrupt ones are listed with the reason */
   readonly list: () => Effect.Effect<ReadonlyArray<SessionListing>, StoreIoError>

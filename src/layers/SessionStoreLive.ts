@@ -1,0 +1,583 @@
+import * as FileSystem from "@effect/platform/FileSystem"
+import type { PlatformError } from "@effect/platform/Error"
+import * as Clock from "effect/Clock"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import * as ParseResult from "effect/ParseResult"
+import * as Schema from "effect/Schema"
+import { createRequire } from "node:module"
+// Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock and a
+// chmod that must not depend on the umask.
+import * as nodeFs from "node:fs/promises"
+import * as path from "node:path"
+import { type AtomicWriteError, fsyncDir, writeFileExclusive, writeJsonAtomic } from "../lib/atomicFile.js"
+import { makeIdGenerator } from "../lib/ids.js"
+import { describeNameProblem, nameProblem, sanitiseName } from "../lib/names.js"
+import { GUEST_CONFIG_FORMAT, GuestConfig } from "../protocol/GuestConfig.js"
+import { AboxPaths } from "../services/AboxPaths.js"
+import {
+  InvalidName,
+  type NameBinding,
+  NameTaken,
+  type NewSession,
+  type ReadError,
+  SESSION_FORMAT,
+  SessionCorrupt,
+  SessionFormatTooNew,
+  type SessionListing,
+  SessionMeta,
+  SessionNotFound,
+  SessionStore,
+  type SessionStoreShape,
+  StoreIoError
+} from "../services/SessionStore.js"
+
+export const NAME_FORMAT = 1
+
+/** `names/<sanitised>.json`: the original name is kept so that colliding names are refused */
+export const NameFile = Schema.Struct({
+  format: Schema.Literal(NAME_FORMAT),
+  name: Schema.String,
+  sessionId: Schema.String,
+  created: Schema.String
+})
+export type NameFile = typeof NameFile.Type
+
+const DIR_MODE = 0o700
+const FILE_MODE = 0o600
+const LIST_CONCURRENCY = 32
+
+const decodeJsonText = Schema.decodeUnknownEither(Schema.parseJson())
+const FormatField = Schema.Struct({ format: Schema.Number })
+const decodeFormatField = Schema.decodeUnknownOption(FormatField)
+
+type Located = { readonly id: string; readonly dir: string; readonly legacy: boolean }
+
+interface FsLock {
+  readonly waitForLock: (fd: number) => Promise<boolean>
+  readonly unlock: (fd: number) => boolean
+}
+// Loaded on first use: a native addon the bundle keeps external, not needed by `list`/`show`.
+let fsLock: FsLock | undefined
+const loadFsLock = (): FsLock => (fsLock ??= createRequire(import.meta.url)("fs-native-extensions") as FsLock)
+
+const reasonOf = (error: PlatformError): string => error.message
+
+const isNotFound = (error: PlatformError): boolean =>
+  error._tag === "SystemError" && error.reason === "NotFound"
+
+/** a session id or name must be a single path segment */
+const isSafeSegment = (s: string): boolean =>
+  s.length > 0 && s.length <= 255 && !s.startsWith(".") && !/[/\\\0]/.test(s)
+
+const ioError = (p: string, operation: string) => (error: PlatformError | AtomicWriteError) =>
+  new StoreIoError({
+    path: p,
+    operation,
+    message: `${operation} ${p}: ${error._tag === "AtomicWriteError" ? error.reason : reasonOf(error)}`
+  })
+
+export const makeSessionStore = Effect.gen(function* () {
+  const fs = yield* FileSystem.FileSystem
+  const paths = yield* AboxPaths
+  const ids = makeIdGenerator()
+  /** ids found in the legacy home, so that `dir` (synchronous) can answer for them */
+  const legacyIds = new Set<string>()
+  /** serialises name writers in this process; the flock serialises processes */
+  const nameMutex = yield* Effect.makeSemaphore(1)
+
+  const ensureDir = (dir: string) =>
+    fs
+      .makeDirectory(dir, { recursive: true, mode: DIR_MODE })
+      .pipe(Effect.mapError(ioError(dir, "create directory")))
+
+  const ensureHome = Effect.gen(function* () {
+    yield* ensureDir(paths.home)
+    yield* ensureDir(paths.sessions)
+  })
+
+  /**
+   * Read and decode one JSON file of a session. Never writes: a bad file is reported with its
+   * path and the reason and left as it is.
+   */
+  const readJson = <A, I>(file: string, ref: string, schema: Schema.Schema<A, I>, supported: number) =>
+    Effect.gen(function* () {
+      const text = yield* fs
+        .readFileString(file)
+        .pipe(
+          Effect.mapError((error) =>
+            isNotFound(error)
+              ? new SessionNotFound({ ref, message: `${file} does not exist` })
+              : new StoreIoError({
+                  path: file,
+                  operation: "read",
+                  message: `cannot read ${file}: ${reasonOf(error)}`
+                })
+          )
+        )
+      const json = decodeJsonText(text)
+      if (Either.isLeft(json)) {
+        const reason =
+          text.trim().length === 0
+            ? "the file is empty"
+            : `not valid JSON (${json.left.message.split("\n").at(-1)?.trim()})`
+        return yield* new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
+      }
+      const format = decodeFormatField(json.right)
+      if (Option.isSome(format) && format.value.format > supported) {
+        return yield* new SessionFormatTooNew({
+          path: file,
+          found: format.value.format,
+          supported,
+          message: `${file} has format ${format.value.format}; this abox reads format ${supported} (upgrade abox)`
+        })
+      }
+      return yield* Schema.decodeUnknown(schema)(json.right).pipe(
+        Effect.mapError((error) => {
+          const reason = ParseResult.TreeFormatter.formatErrorSync(error)
+          return new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
+        })
+      )
+    })
+
+  /** the session directory of `id`: the current home first, then the legacy one */
+  const locate = (id: string): Effect.Effect<Located, SessionNotFound | StoreIoError> =>
+    Effect.gen(function* () {
+      if (!isSafeSegment(id)) return yield* new SessionNotFound({ ref: id, message: `no session "${id}"` })
+      for (const [dir, legacy] of [
+        [paths.sessionDir(id), false],
+        [path.join(paths.legacySessions, id), true]
+      ] as const) {
+        const info = yield* fs.stat(dir).pipe(
+          Effect.map(Option.some),
+          Effect.catchIf(isNotFound, () => Effect.succeed(Option.none())),
+          Effect.mapError(ioError(dir, "stat"))
+        )
+        if (Option.isSome(info) && info.value.type === "Directory") {
+          if (legacy) legacyIds.add(id)
+          return { id, dir, legacy }
+        }
+      }
+      return yield* new SessionNotFound({ ref: id, message: `no session "${id}"` })
+    })
+
+  const readMeta = (at: Located): Effect.Effect<SessionMeta, ReadError> =>
+    Effect.gen(function* () {
+      const file = path.join(at.dir, "session.json")
+      const meta = yield* readJson(file, at.id, SessionMeta, SESSION_FORMAT)
+      if (meta.id !== at.id) {
+        const reason = `it records id "${meta.id}" but lives in directory "${at.id}"`
+        return yield* new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
+      }
+      return meta
+    })
+
+  const refuseLegacy = (at: Located, operation: string) =>
+    at.legacy
+      ? Effect.fail(
+          new StoreIoError({
+            path: at.dir,
+            operation,
+            message: `session ${at.id} is in the legacy home (${paths.legacySessions}), which abox never modifies`
+          })
+        )
+      : Effect.void
+
+  const get = Effect.fn("SessionStore.get")(function* (id: string) {
+    return yield* readMeta(yield* locate(id))
+  })
+
+  const listHome = (root: string, legacy: boolean) =>
+    Effect.gen(function* () {
+      const entries = yield* fs.readDirectory(root).pipe(
+        Effect.catchIf(isNotFound, () => Effect.succeed([] as Array<string>)),
+        Effect.mapError(ioError(root, "list"))
+      )
+      const candidates = entries.filter((e) => isSafeSegment(e)).sort()
+      const rows = yield* Effect.forEach(
+        candidates,
+        (id) => {
+          const at: Located = { id, dir: path.join(root, id), legacy }
+          return readMeta(at).pipe(
+            Effect.map((meta): Option.Option<SessionListing> => Option.some({ _tag: "Ok", ...at, meta })),
+            Effect.catchAll((error) =>
+              Effect.gen(function* () {
+                if (error._tag !== "SessionNotFound") {
+                  return Option.some<SessionListing>({ _tag: "Corrupt", ...at, error })
+                }
+                // no session.json: a stray file is not a session; a directory without one is broken
+                const info = yield* fs.stat(at.dir).pipe(Effect.option)
+                if (Option.isNone(info) || info.value.type !== "Directory")
+                  return Option.none<SessionListing>()
+                const file = path.join(at.dir, "session.json")
+                const reason = "session.json is missing"
+                return Option.some<SessionListing>({
+                  _tag: "Corrupt",
+                  ...at,
+                  error: new SessionCorrupt({
+                    path: file,
+                    reason,
+                    message: `${at.dir} is not a usable session: ${reason}`
+                  })
+                })
+              })
+            )
+          )
+        },
+        { concurrency: LIST_CONCURRENCY }
+      )
+      if (legacy) for (const id of candidates) legacyIds.add(id)
+      return rows.flatMap((row) => (Option.isSome(row) ? [row.value] : []))
+    })
+
+  const list = Effect.fn("SessionStore.list")(function* () {
+    const [current, legacy] = yield* Effect.all(
+      [listHome(paths.sessions, false), listHome(paths.legacySessions, true)],
+      {
+        concurrency: 2
+      }
+    )
+    return [...current, ...legacy] as ReadonlyArray<SessionListing>
+  })
+
+  // ---- names ----
+
+  const nameFile = (stem: string) => path.join(paths.names, `${stem}.json`)
+
+  /** hold the `<stem>.json.lock` flock (and the in-process mutex) while `use` runs */
+  const withNameLock = <A, E>(stem: string, use: Effect.Effect<A, E>): Effect.Effect<A, E | StoreIoError> => {
+    const lockPath = `${nameFile(stem)}.lock`
+    return nameMutex.withPermits(1)(
+      Effect.scoped(
+        Effect.gen(function* () {
+          yield* ensureDir(paths.names)
+          yield* Effect.acquireRelease(
+            Effect.tryPromise({
+              try: async () => {
+                const handle = await nodeFs.open(lockPath, "a", FILE_MODE)
+                try {
+                  await loadFsLock().waitForLock(handle.fd)
+                } catch (cause) {
+                  await handle.close()
+                  throw cause
+                }
+                return handle
+              },
+              catch: (cause) =>
+                new StoreIoError({
+                  path: lockPath,
+                  operation: "lock",
+                  message: `cannot lock ${lockPath}: ${String(cause)}`
+                })
+            }),
+            (handle) =>
+              Effect.promise(async () => {
+                try {
+                  loadFsLock().unlock(handle.fd)
+                } finally {
+                  await handle.close().catch(() => undefined)
+                }
+              })
+          )
+          return yield* use
+        })
+      )
+    )
+  }
+
+  const readNameFile = (stem: string, ref: string) => readJson(nameFile(stem), ref, NameFile, NAME_FORMAT)
+
+  const toBinding = (file: NameFile): NameBinding => ({
+    name: file.name,
+    sessionId: file.sessionId,
+    created: file.created
+  })
+
+  const checkName = (name: string) => {
+    const problem = nameProblem(name)
+    return problem === null
+      ? Effect.succeed(sanitiseName(name))
+      : Effect.fail(new InvalidName({ name, message: describeNameProblem(name, problem) }))
+  }
+
+  const exists = (id: string) =>
+    locate(id).pipe(
+      Effect.as(true),
+      Effect.catchTag("SessionNotFound", () => Effect.succeed(false))
+    )
+
+  const bindName = Effect.fn("SessionStore.bindName")(function* (name: string, id: string) {
+    const stem = yield* checkName(name)
+    yield* locate(id)
+    return yield* withNameLock(
+      stem,
+      Effect.gen(function* () {
+        const file = nameFile(stem)
+        const existing = yield* readNameFile(stem, name).pipe(
+          Effect.map(Option.some),
+          Effect.catchTag("SessionNotFound", () => Effect.succeed(Option.none<NameFile>())),
+          Effect.catchTags({
+            SessionCorrupt: (e) =>
+              new NameTaken({
+                name,
+                sessionId: "",
+                message: `${file} exists but is unreadable (${e.reason}); it is left as it is`
+              }),
+            SessionFormatTooNew: (e) => new NameTaken({ name, sessionId: "", message: e.message })
+          })
+        )
+        const created = new Date(yield* Clock.currentTimeMillis).toISOString()
+        const binding: NameFile = { format: NAME_FORMAT, name, sessionId: id, created }
+        if (Option.isSome(existing)) {
+          const old = existing.value
+          if (old.name !== name) {
+            return yield* new NameTaken({
+              name,
+              sessionId: old.sessionId,
+              message: `name "${name}" uses the same file as the existing name "${old.name}" (session ${old.sessionId}); choose another name`
+            })
+          }
+          if (old.sessionId === id) return toBinding(old)
+          if (yield* exists(old.sessionId)) {
+            return yield* new NameTaken({
+              name,
+              sessionId: old.sessionId,
+              message: `name "${name}" is already bound to session ${old.sessionId}`
+            })
+          }
+          // a dangling binding of this very name: replace it (we hold its lock)
+          yield* writeJsonAtomic(file, NameFile, binding, FILE_MODE).pipe(
+            Effect.mapError(ioError(file, "write"))
+          )
+          return toBinding(binding)
+        }
+        const bytes = Buffer.from(JSON.stringify(binding, null, 2) + "\n", "utf8")
+        yield* writeFileExclusive(file, bytes, FILE_MODE).pipe(
+          Effect.catchTags({
+            AlreadyExists: () =>
+              new NameTaken({
+                name,
+                sessionId: "",
+                message: `name "${name}" was bound concurrently by another process`
+              }),
+            AtomicWriteError: (e) => ioError(file, "create")(e)
+          })
+        )
+        return toBinding(binding)
+      })
+    )
+  })
+
+  const lookupName = Effect.fn("SessionStore.lookupName")(function* (name: string) {
+    // No lock for reads: every write of a binding is an atomic rename or link, so a reader
+    // sees a whole binding or none; the lock only serialises check-then-write.
+    if (nameProblem(name) !== null) {
+      return yield* new SessionNotFound({ ref: name, message: `no session named "${name}"` })
+    }
+    const file = yield* readNameFile(sanitiseName(name), name).pipe(
+      Effect.catchTag(
+        "SessionNotFound",
+        () => new SessionNotFound({ ref: name, message: `no session named "${name}"` })
+      ),
+      Effect.catchTag(
+        "SessionFormatTooNew",
+        (e) => new SessionCorrupt({ path: e.path, reason: e.message, message: e.message })
+      )
+    )
+    if (file.name !== name) {
+      return yield* new SessionNotFound({
+        ref: name,
+        message: `no session named "${name}" (its file belongs to "${file.name}")`
+      })
+    }
+    return toBinding(file)
+  })
+
+  const unbindName = Effect.fn("SessionStore.unbindName")(function* (name: string) {
+    if (nameProblem(name) !== null) {
+      return yield* new SessionNotFound({ ref: name, message: `no session named "${name}"` })
+    }
+    const stem = sanitiseName(name)
+    yield* withNameLock(
+      stem,
+      Effect.gen(function* () {
+        const file = yield* readNameFile(stem, name).pipe(
+          Effect.catchTags({
+            SessionNotFound: () => new SessionNotFound({ ref: name, message: `no session named "${name}"` }),
+            SessionCorrupt: (e) =>
+              new StoreIoError({ path: e.path, operation: "unbind", message: e.message }),
+            SessionFormatTooNew: (e) =>
+              new StoreIoError({ path: e.path, operation: "unbind", message: e.message })
+          })
+        )
+        if (file.name !== name) {
+          return yield* new SessionNotFound({ ref: name, message: `no session named "${name}"` })
+        }
+        // the .lock file stays: unlinking a lock file others may be waiting on breaks the lock
+        yield* fs.remove(nameFile(stem)).pipe(Effect.mapError(ioError(nameFile(stem), "remove")))
+        yield* fsyncDir(paths.names).pipe(Effect.mapError(ioError(paths.names, "fsync")))
+      })
+    )
+  })
+
+  const listNames = Effect.fn("SessionStore.listNames")(function* () {
+    const entries = yield* fs.readDirectory(paths.names).pipe(
+      Effect.catchIf(isNotFound, () => Effect.succeed([] as Array<string>)),
+      Effect.mapError(ioError(paths.names, "list"))
+    )
+    const stems = entries.filter((e) => !e.startsWith(".") && e.endsWith(".json")).map((e) => e.slice(0, -5))
+    const files = yield* Effect.forEach(
+      stems.sort(),
+      (stem) =>
+        readNameFile(stem, stem).pipe(
+          Effect.map(Option.some),
+          Effect.catchTag("StoreIoError", (e) => Effect.fail(e)),
+          Effect.catchAll((e) =>
+            Effect.logWarning(`skipping name file ${nameFile(stem)}: ${e.message}`).pipe(
+              Effect.as(Option.none<NameFile>())
+            )
+          )
+        ),
+      { concurrency: LIST_CONCURRENCY }
+    )
+    return files.flatMap((f) => (Option.isSome(f) ? [toBinding(f.value)] : []))
+  })
+
+  const resolve = Effect.fn("SessionStore.resolve")(function* (ref: string) {
+    const direct = yield* locate(ref).pipe(Effect.option)
+    if (Option.isSome(direct)) return direct.value.id
+    const binding = yield* lookupName(ref).pipe(
+      Effect.catchTag(
+        "SessionNotFound",
+        () => new SessionNotFound({ ref, message: `no session or session name "${ref}"` })
+      )
+    )
+    const target = yield* locate(binding.sessionId).pipe(
+      Effect.catchTag(
+        "SessionNotFound",
+        () =>
+          new SessionNotFound({
+            ref,
+            message: `name "${ref}" is dangling: its session ${binding.sessionId} no longer exists (abox rm ${ref} removes the name)`
+          })
+      )
+    )
+    return target.id
+  })
+
+  // ---- writes ----
+
+  const create = Effect.fn("SessionStore.create")(function* (input: NewSession) {
+    if (input.name !== undefined) yield* checkName(input.name)
+    yield* ensureHome
+    const now = yield* Clock.currentTimeMillis
+    const id = ids.next(now)
+    const meta: SessionMeta = {
+      format: SESSION_FORMAT,
+      id,
+      created: new Date(now).toISOString(),
+      source: input.source,
+      model: input.model,
+      ...(input.name !== undefined ? { name: input.name } : {}),
+      ...(input.image !== undefined ? { image: input.image } : {}),
+      ...(input.guest !== undefined ? { guest: input.guest } : {}),
+      ...(input.vmm !== undefined ? { vmm: input.vmm } : {}),
+      ...(input.resources !== undefined ? { resources: input.resources } : {})
+    }
+    // build the directory under a dot-name, then rename: a session appears whole or not at all
+    const staging = path.join(paths.sessions, `.${id}.creating`)
+    const dir = paths.sessionDir(id)
+    yield* Effect.gen(function* () {
+      yield* fs
+        .makeDirectory(staging, { mode: DIR_MODE })
+        .pipe(Effect.mapError(ioError(staging, "create directory")))
+      yield* Effect.tryPromise({
+        try: () => nodeFs.chmod(staging, DIR_MODE),
+        catch: () =>
+          new StoreIoError({ path: staging, operation: "chmod", message: `cannot chmod ${staging}` })
+      })
+      yield* writeJsonAtomic(path.join(staging, "session.json"), SessionMeta, meta, FILE_MODE).pipe(
+        Effect.mapError(ioError(path.join(staging, "session.json"), "write"))
+      )
+      yield* fs.rename(staging, dir).pipe(Effect.mapError(ioError(dir, "rename")))
+      yield* fsyncDir(paths.sessions).pipe(Effect.mapError(ioError(paths.sessions, "fsync")))
+    }).pipe(Effect.tapError(() => fs.remove(staging, { recursive: true }).pipe(Effect.ignore)))
+    if (input.name !== undefined) {
+      yield* bindName(input.name, id).pipe(
+        Effect.catchTag(
+          "SessionNotFound",
+          (e) => new StoreIoError({ path: dir, operation: "bind name", message: e.message })
+        ),
+        Effect.tapError(() => fs.remove(dir, { recursive: true }).pipe(Effect.ignore))
+      )
+    }
+    return meta
+  })
+
+  const update = Effect.fn("SessionStore.update")(function* (
+    id: string,
+    f: (meta: SessionMeta) => SessionMeta
+  ) {
+    const at = yield* locate(id)
+    yield* refuseLegacy(at, "update")
+    const meta = yield* readMeta(at)
+    const next: SessionMeta = { ...f(meta), format: SESSION_FORMAT, id: meta.id }
+    const file = path.join(at.dir, "session.json")
+    yield* writeJsonAtomic(file, SessionMeta, next, FILE_MODE).pipe(Effect.mapError(ioError(file, "write")))
+    return next
+  })
+
+  const remove = Effect.fn("SessionStore.remove")(function* (id: string) {
+    const at = yield* locate(id)
+    yield* refuseLegacy(at, "remove")
+    const names = yield* listNames()
+    for (const binding of names.filter((b) => b.sessionId === id)) {
+      yield* unbindName(binding.name).pipe(Effect.catchTag("SessionNotFound", () => Effect.void))
+    }
+    // rename first: the session disappears atomically even if the recursive delete is cut short
+    const doomed = path.join(paths.sessions, `.${id}.removing`)
+    yield* fs.rename(at.dir, doomed).pipe(Effect.mapError(ioError(at.dir, "rename")))
+    yield* fsyncDir(paths.sessions).pipe(Effect.mapError(ioError(paths.sessions, "fsync")))
+    yield* fs.remove(doomed, { recursive: true }).pipe(Effect.mapError(ioError(doomed, "remove")))
+  })
+
+  const readGuestConfig = Effect.fn("SessionStore.readGuestConfig")(function* (id: string) {
+    const at = yield* locate(id)
+    return yield* readJson(path.join(at.dir, "guest-config.json"), id, GuestConfig, GUEST_CONFIG_FORMAT)
+  })
+
+  const writeGuestConfig = Effect.fn("SessionStore.writeGuestConfig")(function* (
+    id: string,
+    config: GuestConfig
+  ) {
+    const at = yield* locate(id).pipe(
+      Effect.catchTag(
+        "SessionNotFound",
+        (e) => new StoreIoError({ path: paths.sessionDir(id), operation: "write", message: e.message })
+      )
+    )
+    yield* refuseLegacy(at, "write guest-config.json")
+    const file = path.join(at.dir, "guest-config.json")
+    yield* writeJsonAtomic(file, GuestConfig, config, FILE_MODE).pipe(Effect.mapError(ioError(file, "write")))
+  })
+
+  return SessionStore.of({
+    create,
+    get,
+    list,
+    update,
+    remove,
+    dir: (id) => (legacyIds.has(id) ? path.join(paths.legacySessions, id) : paths.sessionDir(id)),
+    readGuestConfig,
+    writeGuestConfig,
+    resolve,
+    bindName,
+    lookupName,
+    unbindName,
+    listNames
+  } satisfies SessionStoreShape)
+})
+
+export const SessionStoreLive = Layer.effect(SessionStore, makeSessionStore)
