@@ -18,6 +18,12 @@ export interface HeldLock {
   readonly path: string
   /** the locked file descriptor; hand it to the VMM helper so the lock lives as long as the VM */
   readonly fd: number
+  /**
+   * Call once a child that must outlive this scope has inherited `fd`: the release then only
+   * closes this process's fd (no unlock, which would free the shared lock for the child too),
+   * so the lock lives until the last holder exits.
+   */
+  readonly handOff: Effect.Effect<void>
 }
 
 /**
