@@ -1,0 +1,249 @@
+/**
+ * The guest side of the protocol v4 conversation (docs/protocol.md), over a Mux:
+ *   hello → ready → [transfer_begin + tar bytes + EOF → transfer_end] → (user_turn → agent_event* →
+ *   turn_end)* → shutdown
+ * Host messages that are valid v4 but make no sense here (a second turn while one runs, a
+ * guest→host message type, a transfer outside the repo) get an `error` message back; the agent
+ * never crashes on them. Plain async TypeScript: the guest's start-up path carries no Effect
+ * runtime beyond effect/Schema (see main.ts).
+ */
+import * as path from "node:path"
+import type { ControlMessage } from "../protocol/Messages.js"
+import { PROTOCOL_VERSION } from "../protocol/Messages.js"
+import type { Mux } from "../protocol/Mux.js"
+import { saveContext, type ContextTurn } from "./context.js"
+import { extractTar } from "./extract.js"
+import type { TurnRunner } from "./turns.js"
+
+/** where the host thinks the repository is; mapped onto --repo */
+export const GUEST_REPO_PATH = "/work/repo"
+
+export type AgentLink = Pick<Mux, "onControl" | "onError" | "onClose" | "sendControl" | "channel" | "close">
+
+export interface GuestAgentOptions {
+  readonly link: AgentLink
+  readonly arch: string
+  readonly build: string
+  readonly repoDir: string
+  readonly stateDir: string
+  readonly runner: TurnRunner
+  readonly history: ReadonlyArray<ContextTurn>
+  /** chown extracted files (root only) */
+  readonly owner?: { readonly uid: number; readonly gid: number } | undefined
+  /** test images: `shutdown` is ignored so that the host's bounded kill path runs */
+  readonly ignoreShutdown?: boolean | undefined
+  /** tunnel messages go to the egress proxy when there is one */
+  readonly onTunnelMessage?: ((message: ControlMessage) => void) | undefined
+  readonly log: (line: string) => void
+  readonly now?: () => Date
+}
+
+/** why the conversation ended */
+export type AgentEnd = "shutdown" | "disconnected" | "protocol_error"
+
+export const archName = (arch: string): string =>
+  arch === "x64" ? "x86_64" : arch === "arm64" ? "aarch64" : arch
+
+const errorText = (error: unknown): string => (error instanceof Error ? error.message : String(error))
+
+/** a transfer target as the host names it (/work/repo/...) → a dir inside --repo, or undefined */
+export const resolveTarget = (target: string, repoDir: string): string | undefined => {
+  const repo = path.resolve(repoDir)
+  const normalized = path.posix.normalize(target)
+  let resolved: string
+  if (normalized === GUEST_REPO_PATH || normalized.startsWith(GUEST_REPO_PATH + "/")) {
+    resolved = path.join(repo, normalized.slice(GUEST_REPO_PATH.length))
+  } else {
+    resolved = path.resolve(repo, normalized)
+  }
+  return resolved === repo || resolved.startsWith(repo + path.sep) ? resolved : undefined
+}
+
+export class GuestAgent {
+  private readonly history: Array<ContextTurn>
+  private readonly now: () => Date
+  private shuttingDown = false
+  private turnDone: Promise<void> = Promise.resolve()
+  private readonly transfers = new Set<number>()
+  private finish: (end: AgentEnd) => void = () => undefined
+
+  constructor(private readonly options: GuestAgentOptions) {
+    this.history = [...options.history]
+    this.now = options.now ?? (() => new Date())
+  }
+
+  get turns(): ReadonlyArray<ContextTurn> {
+    return this.history
+  }
+
+  /** hello + ready, then serve until shutdown or disconnect; turns are stopped and saved either way */
+  async run(): Promise<AgentEnd> {
+    const { link } = this.options
+    const ended = new Promise<AgentEnd>((resolve) => {
+      this.finish = resolve
+    })
+    link.onControl((message) => this.onMessage(message))
+    link.onError((error) => {
+      this.options.log(`protocol error from the host: ${error.reason}`)
+      // best effort: the mux closes right after reporting
+      this.send({ type: "error", code: "protocol_error", message: error.reason })
+      this.finish("protocol_error")
+    })
+    link.onClose(() => this.finish("disconnected"))
+    await link.sendControl({
+      type: "hello",
+      protocol: PROTOCOL_VERSION,
+      arch: this.options.arch,
+      build: this.options.build,
+      contextTurns: this.history.length
+    })
+    await link.sendControl({ type: "ready" })
+    const end = await ended
+    this.shuttingDown = true
+    await this.options.runner.stop()
+    await this.turnDone
+    await this.save()
+    return end
+  }
+
+  private send(message: ControlMessage): Promise<void> {
+    if (this.shuttingDown) return Promise.resolve()
+    return this.options.link.sendControl(message).catch((error: unknown) => {
+      this.options.log(`could not send ${message.type}: ${errorText(error)}`)
+    })
+  }
+
+  private async save(): Promise<void> {
+    try {
+      await saveContext(this.options.stateDir, this.history)
+    } catch (error) {
+      this.options.log(`could not save the context: ${errorText(error)}`)
+    }
+  }
+
+  private onMessage(message: ControlMessage): void | Promise<unknown> {
+    if (this.shuttingDown) return
+    switch (message.type) {
+      case "transfer_begin":
+        void this.transfer(message.channel, message.target)
+        return
+      case "user_turn":
+        return this.startTurn(message.turn, message.text)
+      case "cancel":
+        // cancelling a turn that already ended is not an error: the two crossed on the wire
+        this.options.runner.cancel(message.turn)
+        return
+      case "shutdown":
+        if (this.options.ignoreShutdown === true) {
+          this.options.log("shutdown ignored (ignoreShutdown is set in the config)")
+          return
+        }
+        this.options.log("shutdown requested")
+        this.finish("shutdown")
+        return
+      case "tunnel_accept":
+      case "tunnel_deny":
+      case "tunnel_close":
+        if (this.options.onTunnelMessage !== undefined) {
+          this.options.onTunnelMessage(message)
+          return
+        }
+        return this.send({
+          type: "error",
+          code: "unexpected_message",
+          message: `${message.type}: this guest has no egress proxy`,
+          channel: message.channel
+        })
+      case "error":
+        this.options.log(`host reported ${message.code}: ${message.message}`)
+        return
+      default:
+        return this.send({
+          type: "error",
+          code: "unexpected_message",
+          message: `${message.type} is not a host-to-guest message`
+        })
+    }
+  }
+
+  private async transfer(channel: number, target: string): Promise<void> {
+    const { link, log } = this.options
+    const readable = link.channel(channel).readable
+    const dir = resolveTarget(target, this.options.repoDir)
+    if (dir === undefined || this.transfers.has(channel)) {
+      const reason =
+        dir === undefined
+          ? `target ${JSON.stringify(target)} is outside the repository`
+          : "channel already in use"
+      // drain the channel so the host's writer is not left waiting for credit
+      void (async () => {
+        for await (const _chunk of readable) {
+          // discarded
+        }
+      })().catch(() => undefined)
+      await this.send({ type: "error", code: "transfer_failed", message: reason, channel })
+      return
+    }
+    this.transfers.add(channel)
+    const started = Date.now()
+    try {
+      const result = await extractTar(
+        readable,
+        dir,
+        this.options.owner === undefined ? {} : { owner: this.options.owner }
+      )
+      log(
+        `transfer on channel ${channel}: ${result.files} files, ${result.bytes} bytes` +
+          (result.skipped > 0 ? `, ${result.skipped} special entries skipped` : "") +
+          ` in ${Date.now() - started} ms`
+      )
+      await this.send({ type: "transfer_end", channel, files: result.files, bytes: result.bytes })
+    } catch (error) {
+      log(`transfer on channel ${channel} failed: ${errorText(error)}`)
+      await this.send({ type: "error", code: "transfer_failed", message: errorText(error), channel })
+    } finally {
+      this.transfers.delete(channel)
+    }
+  }
+
+  private startTurn(turn: number, text: string): Promise<void> | void {
+    const { runner } = this.options
+    if (runner.current !== undefined) {
+      return this.send({
+        type: "error",
+        code: "turn_busy",
+        message: `turn ${runner.current} is still running; one turn at a time`,
+        turn
+      })
+    }
+    const startedAt = this.now().toISOString()
+    const outcome = runner.run(turn, text, (event) => this.send({ type: "agent_event", turn, event }))
+    this.turnDone = outcome.then(
+      async (result) => {
+        this.history.push({ turn, text, ...result, startedAt, endedAt: this.now().toISOString() })
+        await this.save()
+        await this.send({ type: "turn_end", turn, ...result })
+      },
+      async (error: unknown) => {
+        // the process could not start (no shell, bad agent argv): the turn ends as exec failures do
+        this.options.log(`turn ${turn} could not start: ${errorText(error)}`)
+        this.history.push({
+          turn,
+          text,
+          exitCode: 127,
+          signal: null,
+          cancelled: false,
+          startedAt,
+          endedAt: this.now().toISOString()
+        })
+        await this.save()
+        await this.send({
+          type: "agent_event",
+          turn,
+          event: { kind: "stderr", data: `abox-guest: could not start the turn: ${errorText(error)}\n` }
+        })
+        await this.send({ type: "turn_end", turn, exitCode: 127, signal: null, cancelled: false })
+      }
+    )
+  }
+}

@@ -1,0 +1,263 @@
+/**
+ * Safe, streaming tar extraction into the repository directory (the host's snapshot transfer).
+ *
+ * The tar stream is parsed by `tar`'s Parser (nothing is buffered whole: the Parser's back
+ * pressure reaches the mux channel, whose credit reaches the host). Every entry is then written
+ * here, one at a time and in order, with these rules:
+ * - a path that is absolute, contains `..`, or is empty is refused (the transfer fails);
+ * - every parent component is checked with lstat and must be a real directory: a symlink entry
+ *   followed by an entry through that link (`link -> /etc`, then `link/passwd`) is refused;
+ * - a file replaces whatever non-directory was at its path (unlink, then O_EXCL|O_NOFOLLOW
+ *   create): a symlink at the final component is replaced, never followed;
+ * - symlinks are recreated as links with their target as-is (never followed by this code);
+ * - hard links must name a regular file already extracted inside the repo (checked the same way);
+ * - devices, FIFOs and other special entries are skipped;
+ * - modes keep the permission bits only (no setuid/setgid/sticky); everything is owned by the
+ *   unprivileged user when running as root.
+ * Known limit: the checks are lstat-then-act, so a process writing into the repo *during* a
+ * transfer could race them; transfers run before any turn, when nothing else writes there.
+ */
+import { constants as fsConstants } from "node:fs"
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { Parser } from "tar/parse"
+import type { ReadEntry } from "tar/read-entry"
+
+export class ExtractError extends Error {
+  readonly reason: string
+  constructor(reason: string) {
+    super(`tar extraction failed: ${reason}`)
+    this.name = "ExtractError"
+    this.reason = reason
+  }
+}
+
+export interface ExtractOptions {
+  /** chown every created entry (root only) */
+  readonly owner?: { readonly uid: number; readonly gid: number }
+}
+
+export interface ExtractResult {
+  /** regular files, symlinks and hard links created */
+  readonly files: number
+  /** bytes of regular file content written */
+  readonly bytes: number
+  /** special entries that were skipped (devices, FIFOs, ...) */
+  readonly skipped: number
+}
+
+const isErrno = (error: unknown, code: string): boolean =>
+  typeof error === "object" && error !== null && (error as { code?: unknown }).code === code
+
+/** The relative components of an entry path, or a reason it is refused. */
+export const safeComponents = (entryPath: string): ReadonlyArray<string> | string => {
+  if (entryPath.includes("\0")) return "path contains a NUL byte"
+  if (entryPath.startsWith("/") || /^[A-Za-z]:/.test(entryPath) || entryPath.startsWith("\\")) {
+    return "absolute path"
+  }
+  const parts = entryPath.split(/[/\\]+/).filter((part) => part !== "" && part !== ".")
+  if (parts.includes("..")) return "path contains '..'"
+  return parts
+}
+
+const describe = (entry: ReadEntry): string => JSON.stringify(entry.path)
+
+/** permission bits only: no setuid, setgid or sticky bit in a user's repository */
+const permissions = (mode: number | undefined, fallback: number): number =>
+  mode === undefined ? fallback : mode & 0o777
+
+export const extractTar = async (
+  source: AsyncIterable<Uint8Array>,
+  repoDir: string,
+  options: ExtractOptions = {}
+): Promise<ExtractResult> => {
+  const root = path.resolve(repoDir)
+  await fs.mkdir(root, { recursive: true, mode: 0o755 })
+  if (options.owner !== undefined) await fs.chown(root, options.owner.uid, options.owner.gid)
+
+  let files = 0
+  let bytes = 0
+  let skipped = 0
+  let failure: unknown = undefined
+  let chain: Promise<void> = Promise.resolve()
+
+  const own = async (target: string, link: boolean) => {
+    if (options.owner === undefined) return
+    if (link) await fs.lchown(target, options.owner.uid, options.owner.gid)
+    else await fs.chown(target, options.owner.uid, options.owner.gid)
+  }
+
+  /** walk the parent components from the root, creating missing dirs; refuse anything but dirs */
+  const parentDir = async (parts: ReadonlyArray<string>, entry: ReadEntry): Promise<string> => {
+    let current = root
+    for (const part of parts) {
+      current = path.join(current, part)
+      let stat
+      try {
+        stat = await fs.lstat(current)
+      } catch (error) {
+        if (!isErrno(error, "ENOENT")) throw error
+        await fs.mkdir(current, { mode: 0o755 })
+        await own(current, false)
+        continue
+      }
+      if (stat.isSymbolicLink()) {
+        throw new ExtractError(`${describe(entry)} goes through the symbolic link ${JSON.stringify(part)}`)
+      }
+      if (!stat.isDirectory()) {
+        throw new ExtractError(
+          `${describe(entry)} goes through ${JSON.stringify(part)}, which is not a directory`
+        )
+      }
+    }
+    return current
+  }
+
+  /** remove a non-directory at `target` so that a fresh entry can take its place */
+  const clear = async (target: string, entry: ReadEntry) => {
+    let stat
+    try {
+      stat = await fs.lstat(target)
+    } catch (error) {
+      if (isErrno(error, "ENOENT")) return
+      throw error
+    }
+    if (stat.isDirectory()) throw new ExtractError(`${describe(entry)} would replace a directory`)
+    await fs.unlink(target)
+  }
+
+  const writeFile = async (target: string, entry: ReadEntry) => {
+    const handle = await fs.open(
+      target,
+      fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW,
+      0o600
+    )
+    try {
+      for await (const chunk of entry as AsyncIterable<Buffer>) {
+        await handle.write(chunk)
+        bytes += chunk.length
+      }
+      await handle.chmod(permissions(entry.mode, 0o644))
+      if (options.owner !== undefined) await handle.chown(options.owner.uid, options.owner.gid)
+      if (entry.mtime !== undefined) await handle.utimes(entry.mtime, entry.mtime)
+    } finally {
+      await handle.close()
+    }
+  }
+
+  const handle = async (entry: ReadEntry): Promise<void> => {
+    if (failure !== undefined) return
+    const parts = safeComponents(entry.path)
+    if (typeof parts === "string") throw new ExtractError(`${describe(entry)}: ${parts}`)
+    if (parts.length === 0) {
+      // the archive's root ("./"): the repo dir itself
+      if (entry.type === "Directory") return
+      throw new ExtractError(`${describe(entry)}: empty path`)
+    }
+    const dir = await parentDir(parts.slice(0, -1), entry)
+    const target = path.join(dir, parts[parts.length - 1]!)
+    switch (entry.type) {
+      case "Directory": {
+        let stat
+        try {
+          stat = await fs.lstat(target)
+        } catch (error) {
+          if (!isErrno(error, "ENOENT")) throw error
+        }
+        if (stat === undefined) {
+          await fs.mkdir(target, { mode: 0o700 })
+        } else if (!stat.isDirectory()) {
+          throw new ExtractError(`${describe(entry)}: a non-directory is already there`)
+        }
+        await fs.chmod(target, permissions(entry.mode, 0o755))
+        await own(target, false)
+        return
+      }
+      case "File":
+      case "OldFile":
+      case "ContiguousFile": {
+        await clear(target, entry)
+        await writeFile(target, entry)
+        files++
+        return
+      }
+      case "SymbolicLink": {
+        const linkpath = entry.linkpath ?? ""
+        if (linkpath === "" || linkpath.includes("\0"))
+          throw new ExtractError(`${describe(entry)}: bad link target`)
+        await clear(target, entry)
+        await fs.symlink(linkpath, target)
+        await own(target, true)
+        files++
+        return
+      }
+      case "Link": {
+        const linkParts = safeComponents(entry.linkpath ?? "")
+        if (typeof linkParts === "string" || linkParts.length === 0) {
+          throw new ExtractError(
+            `${describe(entry)}: hard link target ${JSON.stringify(entry.linkpath)} is not inside the repository`
+          )
+        }
+        const linkDir = await parentDir(linkParts.slice(0, -1), entry)
+        const existing = path.join(linkDir, linkParts[linkParts.length - 1]!)
+        const stat = await fs.lstat(existing).catch(() => undefined)
+        if (stat === undefined || !stat.isFile()) {
+          throw new ExtractError(
+            `${describe(entry)}: hard link target ${JSON.stringify(entry.linkpath)} is not a file extracted here`
+          )
+        }
+        await clear(target, entry)
+        await fs.link(existing, target)
+        files++
+        return
+      }
+      default:
+        // devices, FIFOs, and anything tar does not map onto a plain file: skipped
+        skipped++
+        return
+    }
+  }
+
+  const parser = new Parser({
+    strict: true,
+    // entries are consumed by `handle`, in order; the parser waits for each one (back pressure)
+    noResume: true,
+    onReadEntry: (entry) => {
+      chain = chain
+        .then(() => handle(entry))
+        .catch((error: unknown) => {
+          failure ??= error
+        })
+        // whatever happened, the entry's remaining bytes are consumed so the parser moves on
+        .finally(() => entry.resume())
+    }
+  })
+  // strict: tar's warnings (bad checksums, truncated input, not a tar) are 'error' events
+  const parserDone = new Promise<void>((resolve, reject) => {
+    parser.on("end", () => resolve())
+    parser.on("error", (error: unknown) => reject(error))
+  })
+  parserDone.catch((error: unknown) => {
+    failure ??= error
+  })
+
+  for await (const chunk of source) {
+    if (failure !== undefined) continue // keep draining so the sender is not stalled
+    if (!parser.write(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength))) {
+      await new Promise<void>((resolve) => parser.once("drain", () => resolve()))
+    }
+  }
+  if (failure === undefined) {
+    parser.end()
+    await parserDone.catch(() => undefined)
+  } else {
+    parser.abort(new Error("extraction stopped"))
+  }
+  await chain
+  if (failure !== undefined) {
+    throw failure instanceof ExtractError
+      ? failure
+      : new ExtractError(failure instanceof Error ? failure.message : String(failure))
+  }
+  return { files, bytes, skipped }
+}

@@ -1,0 +1,203 @@
+/**
+ * abox-guest: the agent inside the VM (bundled to dist/abox-guest.js and baked into images).
+ * The image's init runs it as root with no flags; FakeVmm runs it on the host with flags.
+ *
+ * Start-up is on every boot's critical path, so this entry is plain async TypeScript over the
+ * Mux (plain TypeScript too) with effect/Schema for every decode: no Effect runtime loop, no
+ * @effect/platform-node, no @effect/cli. Raw node:* calls are the point here (fds of a virtio
+ * port, uid/gid of child processes, process groups, signals, fsync).
+ */
+// A virtio port is read with blocking reads on the libuv thread pool (see rpcPort.ts): give the
+// pool room for it and for tar extraction. Must be set before the pool's first use.
+process.env.UV_THREADPOOL_SIZE ??= "8"
+
+import { spawn } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as Either from "effect/Either"
+import {
+  CONFIG_DISK_HEADER,
+  CONFIG_DISK_MAX_JSON,
+  decodeConfigDisk,
+  describeConfigDiskProblem
+} from "../protocol/ConfigDisk.js"
+import type { GuestConfig } from "../protocol/GuestConfig.js"
+import { Mux } from "../protocol/Mux.js"
+import { archName, GuestAgent, type AgentEnd, type AgentLink } from "./agent.js"
+import { ensureStateDir, loadContext } from "./context.js"
+import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
+import { openRpc } from "./rpcPort.js"
+import { TurnRunner } from "./turns.js"
+import { isRoot, resolveUser, type TurnUser } from "./user.js"
+
+export const GUEST_VERSION = "0.1.0"
+export const GUEST_BUILD = `abox-guest ${GUEST_VERSION} (${process.platform}-${process.arch}, node ${process.versions.node})`
+
+/** exit statuses of the agent process (the init script logs it and powers off anyway) */
+export const GuestExit = {
+  Ok: 0,
+  BadConfig: 2,
+  NoRpc: 3,
+  Disconnected: 4,
+  ProtocolError: 5,
+  Setup: 6,
+  Usage: 64
+} as const
+
+const log = (line: string): void => {
+  process.stderr.write(`abox-guest: ${line}\n`)
+}
+
+const errorText = (error: unknown): string => (error instanceof Error ? error.message : String(error))
+
+/** the config disk: only its first header + max JSON bytes are read, whatever the device size */
+const readConfigDisk = async (file: string): Promise<Either.Either<GuestConfig, string>> => {
+  let handle
+  try {
+    handle = await fs.open(file, "r")
+  } catch (error) {
+    return Either.left(`cannot open the config disk ${file}: ${errorText(error)}`)
+  }
+  try {
+    const buffer = Buffer.alloc(CONFIG_DISK_HEADER + CONFIG_DISK_MAX_JSON)
+    let filled = 0
+    while (filled < buffer.length) {
+      const { bytesRead } = await handle.read(buffer, filled, buffer.length - filled, filled)
+      if (bytesRead === 0) break
+      filled += bytesRead
+    }
+    return Either.mapLeft(decodeConfigDisk(buffer.subarray(0, filled)), (problem) =>
+      describeConfigDiskProblem(problem)
+    )
+  } catch (error) {
+    return Either.left(`cannot read the config disk ${file}: ${errorText(error)}`)
+  } finally {
+    await handle.close()
+  }
+}
+
+/**
+ * The seam for the egress (CONNECT) proxy: when it exists it is started here, before any turn,
+ * and returns the variables every turn process gets (HTTPS_PROXY & co, CA bundle paths) plus the
+ * handler for the host's tunnel messages. Until then turns run with no proxy (offline).
+ */
+export interface EgressProxy {
+  readonly env: Readonly<Record<string, string>>
+  readonly onTunnelMessage?: AgentLinkTunnelHandler
+  readonly close: () => void
+}
+type AgentLinkTunnelHandler = NonNullable<ConstructorParameters<typeof GuestAgent>[0]["onTunnelMessage"]>
+
+export const startEgressProxy = async (
+  _link: AgentLink,
+  _config: GuestConfig,
+  _flags: GuestFlags
+): Promise<EgressProxy> => ({ env: {}, close: () => undefined })
+
+const runCommand = (command: string, args: ReadonlyArray<string>): Promise<number | null> =>
+  new Promise((resolve) => {
+    const child = spawn(command, args, { stdio: "inherit" })
+    child.once("error", () => resolve(null))
+    child.once("exit", (code) => resolve(code))
+  })
+
+const finish = async (flags: GuestFlags, code: number): Promise<never> => {
+  if (flags.onShutdown === "poweroff" && code === GuestExit.Ok) {
+    await runCommand("sync", [])
+    await runCommand("poweroff", ["-f"])
+  }
+  process.exit(code)
+}
+
+const endCode = (end: AgentEnd): number =>
+  end === "shutdown"
+    ? GuestExit.Ok
+    : end === "disconnected"
+      ? GuestExit.Disconnected
+      : GuestExit.ProtocolError
+
+export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
+  const parsed = parseArgs(argv)
+  if (Either.isLeft(parsed)) {
+    process.stderr.write(`abox-guest: ${parsed.left}\n${GUEST_USAGE}\n`)
+    process.exit(GuestExit.Usage)
+  }
+  if (parsed.right._tag === "Help") {
+    process.stdout.write(`${GUEST_USAGE}\n`)
+    process.exit(GuestExit.Ok)
+  }
+  const flags = parsed.right.flags
+  const started = performance.now()
+
+  let rpc
+  try {
+    rpc = await openRpc(rpcTarget(flags.rpc))
+  } catch (error) {
+    log(`cannot open the RPC channel ${flags.rpc}: ${errorText(error)}`)
+    process.exit(GuestExit.NoRpc)
+  }
+  const mux = new Mux(rpc.stream)
+  const fail = async (code: string, message: string, exit: number): Promise<never> => {
+    log(message)
+    await mux.sendControl({ type: "error", code, message }).catch(() => undefined)
+    mux.close()
+    process.exit(exit)
+  }
+
+  const config = await readConfigDisk(flags.config)
+  if (Either.isLeft(config)) return fail("bad_config", config.left, GuestExit.BadConfig)
+
+  let user: TurnUser | undefined
+  let history
+  try {
+    user = isRoot() ? await resolveUser(flags.user) : undefined
+    await ensureStateDir(flags.state)
+    const loaded = await loadContext(flags.state)
+    if (loaded.keptAside !== undefined) {
+      log(`context.json did not decode (${loaded.keptAside.reason}); kept as ${loaded.keptAside.path}`)
+    }
+    history = loaded.turns
+    await fs.mkdir(flags.repo, { recursive: true, mode: 0o755 })
+    if (user !== undefined) await fs.chown(flags.repo, user.uid, user.gid)
+  } catch (error) {
+    return fail("setup_failed", `guest setup failed: ${errorText(error)}`, GuestExit.Setup)
+  }
+
+  const proxy = await startEgressProxy(mux, config.right, flags)
+  const runner = new TurnRunner({
+    repoDir: flags.repo,
+    model: config.right.model,
+    user,
+    agentArgv: config.right.agent?.argv,
+    extraEnv: proxy.env
+  })
+  // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent
+  process.once("SIGTERM", () => {
+    runner.killNow()
+    process.exit(128 + 15)
+  })
+  const agent = new GuestAgent({
+    link: mux,
+    arch: archName(process.arch),
+    build: GUEST_BUILD,
+    repoDir: flags.repo,
+    stateDir: flags.state,
+    runner,
+    history,
+    owner: user === undefined ? undefined : { uid: user.uid, gid: user.gid },
+    ignoreShutdown: config.right.ignoreShutdown,
+    onTunnelMessage: proxy.onTunnelMessage,
+    log
+  })
+  log(
+    `session ${config.right.sessionId} on ${rpc.describe}, ${history.length} turns remembered, ` +
+      `turns run as ${user === undefined ? "this user" : `${user.name} (${user.uid}:${user.gid})`}; ` +
+      `saying hello after ${Math.round(performance.now() - started)} ms`
+  )
+  const end = await agent.run()
+  log(`conversation ended: ${end}`)
+  proxy.close()
+  mux.close()
+  return finish(flags, endCode(end))
+}
+
+await main(process.argv.slice(2))

@@ -1,0 +1,241 @@
+/**
+ * Turns: one process tree per turn, run as the unprivileged user with a clean environment.
+ *
+ * - Default agent: `/bin/sh -c <text>` in the repo; stdout/stderr chunks become events as they come.
+ * - Configured agent (`GuestConfig.agent.argv`): the argv (`{model}` replaced by the model alias)
+ *   with the turn text on stdin; each stdout line that is JSON becomes `{kind:"json"}`, other
+ *   lines `stdout`; stderr chunks stay `stderr`.
+ * - Each turn is its own process group (spawn detached): cancel sends SIGTERM to the group, then
+ *   SIGKILL after `killAfterMs`. When the turn's main process exits, whatever it left running in
+ *   its group is killed too, so no turn outlives its `turn_end`.
+ * - Only a fixed environment reaches a turn: PATH, HOME, USER, LANG, ABOX_MODEL (+ the egress
+ *   proxy variables from the caller). The agent's own environment is not passed through.
+ */
+import { spawn, type ChildProcess } from "node:child_process"
+import { StringDecoder } from "node:string_decoder"
+import * as Either from "effect/Either"
+import * as Schema from "effect/Schema"
+import type { AgentEvent } from "../protocol/Messages.js"
+import type { TurnUser } from "./user.js"
+
+export const TURN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+/** one event carries at most this many characters; longer output is split */
+export const MAX_EVENT_CHARS = 16 * 1024
+
+export interface TurnEnvironment {
+  readonly repoDir: string
+  readonly model: string
+  /** run as this user (root only); undefined: run as the agent's own user */
+  readonly user: TurnUser | undefined
+  /** absent: the default shell agent */
+  readonly agentArgv?: ReadonlyArray<string> | undefined
+  /** more variables for turn processes (the egress proxy and CA bundle) */
+  readonly extraEnv?: Readonly<Record<string, string>>
+  /** SIGTERM → SIGKILL bound when cancelling (ms) */
+  readonly killAfterMs?: number
+}
+
+export interface TurnOutcome {
+  readonly exitCode: number | null
+  readonly signal: string | null
+  readonly cancelled: boolean
+}
+
+/** events are awaited: the sender's back pressure (the mux) pauses reading the turn's output */
+export type EventSink = (event: AgentEvent) => Promise<void> | void
+
+const decodeJsonLine = Schema.decodeUnknownEither(Schema.parseJson())
+
+export const turnEnv = (env: TurnEnvironment): Record<string, string> => ({
+  PATH: TURN_PATH,
+  HOME: env.user?.home ?? process.env.HOME ?? "/",
+  USER: env.user?.name ?? process.env.USER ?? "root",
+  LANG: "C.UTF-8",
+  ABOX_MODEL: env.model,
+  ...env.extraEnv
+})
+
+const split = (text: string): ReadonlyArray<string> => {
+  if (text.length <= MAX_EVENT_CHARS) return [text]
+  const parts: Array<string> = []
+  for (let i = 0; i < text.length; i += MAX_EVENT_CHARS) parts.push(text.slice(i, i + MAX_EVENT_CHARS))
+  return parts
+}
+
+const pumpChunks = async (
+  stream: NodeJS.ReadableStream,
+  kind: "stdout" | "stderr",
+  sink: EventSink
+): Promise<void> => {
+  const decoder = new StringDecoder("utf8")
+  for await (const chunk of stream as AsyncIterable<Buffer>) {
+    const text = decoder.write(chunk)
+    for (const data of text === "" ? [] : split(text)) await sink({ kind, data })
+  }
+  const rest = decoder.end()
+  if (rest !== "") await sink({ kind, data: rest })
+}
+
+const emitLine = async (line: string, sink: EventSink) => {
+  const trimmed = line.trim()
+  if (trimmed.startsWith("{") || trimmed.startsWith("[")) {
+    const parsed = decodeJsonLine(trimmed)
+    if (Either.isRight(parsed)) return sink({ kind: "json", value: parsed.right })
+  }
+  for (const data of split(line)) await sink({ kind: "stdout", data })
+}
+
+const pumpLines = async (stream: NodeJS.ReadableStream, sink: EventSink): Promise<void> => {
+  const decoder = new StringDecoder("utf8")
+  let pending = ""
+  for await (const chunk of stream as AsyncIterable<Buffer>) {
+    pending += decoder.write(chunk)
+    let newline = pending.indexOf("\n")
+    while (newline >= 0) {
+      await emitLine(pending.slice(0, newline + 1), sink)
+      pending = pending.slice(newline + 1)
+      newline = pending.indexOf("\n")
+    }
+    // a runaway line without newlines is flushed in pieces, not buffered without bound
+    while (pending.length > MAX_EVENT_CHARS) {
+      await sink({ kind: "stdout", data: pending.slice(0, MAX_EVENT_CHARS) })
+      pending = pending.slice(MAX_EVENT_CHARS)
+    }
+  }
+  pending += decoder.end()
+  if (pending !== "") await emitLine(pending, sink)
+}
+
+/** signal a whole process group; ESRCH (already gone) is not an error */
+const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
+  if (pid === undefined) return
+  try {
+    process.kill(-pid, signal)
+  } catch {
+    // the group is gone
+  }
+}
+
+interface Running {
+  readonly turn: number
+  readonly child: ChildProcess
+  cancelled: boolean
+  killTimer?: NodeJS.Timeout
+}
+
+export class TurnRunner {
+  private running: Running | undefined
+
+  constructor(private readonly env: TurnEnvironment) {}
+
+  /** the turn being run, if any */
+  get current(): number | undefined {
+    return this.running?.turn
+  }
+
+  /**
+   * Runs one turn to its end. Rejects only when the process cannot be started at all (the caller
+   * turns that into an `error` message); a failing command is a normal outcome with its status.
+   */
+  run(turn: number, text: string, sink: EventSink): Promise<TurnOutcome> {
+    if (this.running !== undefined) {
+      return Promise.reject(new Error(`turn ${this.running.turn} is still running`))
+    }
+    const argv = this.env.agentArgv
+    const [command, args] =
+      argv === undefined
+        ? ["/bin/sh", ["-c", text]]
+        : [argv[0]!, argv.slice(1).map((arg) => arg.replaceAll("{model}", this.env.model))]
+    const user = this.env.user
+    let child: ChildProcess
+    try {
+      child = spawn(command, args, {
+        cwd: this.env.repoDir,
+        env: turnEnv(this.env),
+        // its own process group: cancel signals the whole tree, never the agent
+        detached: true,
+        stdio: [argv === undefined ? "ignore" : "pipe", "pipe", "pipe"],
+        ...(user === undefined ? {} : { uid: user.uid, gid: user.gid })
+      })
+    } catch (error) {
+      return Promise.reject(error)
+    }
+    const running: Running = { turn, child, cancelled: false }
+    this.running = running
+
+    return new Promise<TurnOutcome>((resolve, reject) => {
+      let spawned = false
+      child.once("spawn", () => {
+        spawned = true
+      })
+      child.once("error", (error) => {
+        if (!spawned) {
+          this.running = undefined
+          reject(error)
+        }
+      })
+      if (argv !== undefined && child.stdin !== null) {
+        child.stdin.on("error", () => undefined) // the agent may exit without reading its input
+        child.stdin.end(text)
+      }
+      const out =
+        argv === undefined ? pumpChunks(child.stdout!, "stdout", sink) : pumpLines(child.stdout!, sink)
+      const err = pumpChunks(child.stderr!, "stderr", sink)
+      const pumped = Promise.allSettled([out, err])
+      child.once("exit", (code, signal) => {
+        // leftovers of the turn (background jobs) die with it; their pipes then close
+        killGroup(child.pid, "SIGKILL")
+        // a process that left the group (setsid) may still hold the pipes: bounded wait, then drop them
+        let drainTimer: NodeJS.Timeout | undefined
+        const drained = Promise.race([
+          pumped,
+          new Promise<void>((done) => {
+            drainTimer = setTimeout(() => {
+              child.stdout?.destroy()
+              child.stderr?.destroy()
+              done()
+            }, 1000)
+          })
+        ])
+        void drained.then(() => {
+          clearTimeout(drainTimer)
+          if (running.killTimer !== undefined) clearTimeout(running.killTimer)
+          if (this.running === running) this.running = undefined
+          resolve({ exitCode: code, signal, cancelled: running.cancelled })
+        })
+      })
+    })
+  }
+
+  /** SIGTERM the turn's process group, SIGKILL after the bound. False when `turn` is not running. */
+  cancel(turn: number): boolean {
+    const running = this.running
+    if (running === undefined || running.turn !== turn) return false
+    if (running.cancelled) return true
+    running.cancelled = true
+    killGroup(running.child.pid, "SIGTERM")
+    running.killTimer = setTimeout(
+      () => killGroup(running.child.pid, "SIGKILL"),
+      this.env.killAfterMs ?? 2000
+    )
+    running.killTimer.unref()
+    return true
+  }
+
+  /** cancel whatever runs (shutdown, lost host) and wait until it has ended */
+  async stop(): Promise<void> {
+    const running = this.running
+    if (running === undefined) return
+    const ended = new Promise<void>((resolve) => {
+      if (running.child.exitCode !== null || running.child.signalCode !== null) resolve()
+      else running.child.once("exit", () => resolve())
+    })
+    this.cancel(running.turn)
+    await ended
+  }
+
+  /** last resort on the way out (SIGTERM to the agent): nothing of a turn survives us */
+  killNow(): void {
+    killGroup(this.running?.child.pid, "SIGKILL")
+  }
+}
