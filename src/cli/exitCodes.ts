@@ -13,6 +13,9 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   StoreIoError: 68,
   NameTaken: 69,
   InvalidName: 70,
+  // CLI: `rm` without --yes and no terminal to ask on; the user said no
+  ConfirmationRequired: 71,
+  Cancelled: 72,
   // lock
   SessionBusy: 75,
   LockError: 76,

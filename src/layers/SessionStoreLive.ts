@@ -104,25 +104,23 @@ export const makeSessionStore = Effect.gen(function* () {
    */
   const readJson = <A, I>(file: string, ref: string, schema: Schema.Schema<A, I>, supported: number) =>
     Effect.gen(function* () {
-      const text = yield* fs
-        .readFileString(file)
-        .pipe(
-          Effect.mapError((error) =>
-            isNotFound(error)
-              ? new SessionNotFound({ ref, message: `${file} does not exist` })
-              : new StoreIoError({
-                  path: file,
-                  operation: "read",
-                  message: `cannot read ${file}: ${reasonOf(error)}`
-                })
-          )
+      const text = yield* fs.readFileString(file).pipe(
+        Effect.mapError((error) =>
+          isNotFound(error)
+            ? new SessionNotFound({ ref, message: `${file} does not exist` })
+            : new StoreIoError({
+                path: file,
+                operation: "read",
+                message: `cannot read ${file}: ${reasonOf(error)}`
+              })
         )
+      )
       const json = decodeJsonText(text)
       if (Either.isLeft(json)) {
         const reason =
           text.trim().length === 0
             ? "the file is empty"
-            : `not valid JSON (${json.left.message.split("\n").at(-1)?.trim()})`
+            : `not valid JSON (${(json.left.message.split("\n").at(-1) ?? "").replace(/^[\s└─]+/, "")})`
         return yield* new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
       }
       const format = decodeFormatField(json.right)

@@ -1,0 +1,42 @@
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import { SecretScrubber, type ScrubReport } from "../../services/SecretScrubber.js"
+import { edge, printJson } from "../render.js"
+import { json } from "./list.js"
+
+const dryRun = Options.boolean("dry-run").pipe(
+  Options.withDescription("report what would be removed; change nothing")
+)
+
+const reportText = (report: ScrubReport): string => {
+  const lines = [
+    `${report.dryRun ? "dry run: " : ""}scanned ${report.sessionsScanned} session(s), ${report.filesScanned} file(s)`
+  ]
+  for (const f of report.findings) {
+    const verb = f.changed ? "removed" : report.dryRun ? "would remove" : "found"
+    lines.push(
+      `${f.path}: ${verb} ${f.count} secret(s) (${f.kinds.join(", ")})${f.legacy ? " [legacy]" : ""}`
+    )
+  }
+  for (const p of report.problems) lines.push(`${p.path}: could not check: ${p.reason}`)
+  if (report.findings.length === 0) lines.push("no plaintext secrets found")
+  return lines.join("\n")
+}
+
+export const scrub = Command.make("scrub", { dryRun, json }, (args) =>
+  // this command is the start-up scrub (and `--dry-run` must change nothing), so none runs before it
+  edge({ json: args.json, scrub: false })(
+    Effect.gen(function* () {
+      const scrubber = yield* SecretScrubber
+      const report = yield* scrubber.scrub({ dryRun: args.dryRun })
+      if (args.json) yield* printJson({ report })
+      else yield* Console.log(reportText(report))
+    })
+  )
+).pipe(
+  Command.withDescription(
+    "remove leftover plaintext secrets from config.raw and guest-config.json (runs on every start)"
+  )
+)

@@ -1,0 +1,46 @@
+import * as Args from "@effect/cli/Args"
+import * as Command from "@effect/cli/Command"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import { AboxPaths } from "../../services/AboxPaths.js"
+import { SessionStore } from "../../services/SessionStore.js"
+import { edge, printJson } from "../render.js"
+import { json } from "./list.js"
+
+export const sessionRef = Args.text({ name: "id|name" }).pipe(
+  Args.withDescription("a session id or a session name")
+)
+
+export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
+  edge({ json: args.json })(
+    Effect.gen(function* () {
+      const store = yield* SessionStore
+      const paths = yield* AboxPaths
+      const id = yield* store.resolve(args.ref)
+      const meta = yield* store.get(id)
+      const dir = store.dir(id)
+      const legacy = dir !== paths.sessionDir(id)
+      const names = (yield* store.listNames()).filter((b) => b.sessionId === id).map((b) => b.name)
+      if (args.json) return yield* printJson({ session: { id, dir, legacy, names, meta } })
+      const lines: Array<[string, string | undefined]> = [
+        ["id", id],
+        ["names", names.join(", ") || undefined],
+        ["dir", dir + (legacy ? " (legacy home: read-only)" : "")],
+        ["created", meta.created],
+        ["source", meta.source],
+        ["model", meta.model],
+        ["image", meta.image ? `${meta.image.name}@${meta.image.digest}` : undefined],
+        ["guest", meta.guest ? `${meta.guest.arch}, protocol ${meta.guest.protocol}` : "(not recorded)"],
+        ["vmm", meta.vmm?.backend ?? "(not recorded)"],
+        [
+          "resources",
+          meta.resources ? `${meta.resources.cpus} cpus, ${meta.resources.memoryMiB} MiB` : undefined
+        ],
+        ["last close", meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined]
+      ]
+      yield* Console.log(
+        lines.flatMap(([k, v]) => (v === undefined ? [] : [`${(k + ":").padEnd(11)} ${v}`])).join("\n")
+      )
+    })
+  )
+).pipe(Command.withDescription("show one session's metadata"))

@@ -1,0 +1,17 @@
+import * as Command from "@effect/cli/Command"
+import pkg from "../../package.json" with { type: "json" }
+import { list } from "./commands/list.js"
+import { name } from "./commands/name.js"
+import { rm } from "./commands/rm.js"
+import { scrub } from "./commands/scrub.js"
+import { show } from "./commands/show.js"
+
+/** every `abox` subcommand: a new one is an import above and one entry here */
+const subcommands = [list, show, name, rm, scrub] as const
+
+export const abox = Command.make("abox").pipe(
+  Command.withDescription("run an AI coding agent inside a VM session"),
+  Command.withSubcommands(subcommands)
+)
+
+export const cli = Command.run(abox, { name: "abox", version: pkg.version })

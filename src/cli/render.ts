@@ -1,0 +1,126 @@
+import * as ValidationError from "@effect/cli/ValidationError"
+import * as Cause from "effect/Cause"
+import * as Config from "effect/Config"
+import * as Console from "effect/Console"
+import * as Data from "effect/Data"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
+import { SecretScrubber } from "../services/SecretScrubber.js"
+import { exitCodeFor, UNKNOWN_ERROR_EXIT } from "./exitCodes.js"
+
+/** `abox rm` without `--yes` when stdin is not a terminal: nobody can be asked */
+export class ConfirmationRequired extends Schema.TaggedError<ConfirmationRequired>()("ConfirmationRequired", {
+  message: Schema.String
+}) {}
+
+/** the user answered no (or quit the prompt) */
+export class Cancelled extends Schema.TaggedError<Cancelled>()("Cancelled", {
+  message: Schema.String
+}) {}
+
+/** An error already rendered for the user; the runner's teardown turns it into the exit code. */
+export class CliExit extends Data.TaggedError("CliExit")<{ readonly code: number; readonly tag: string }> {}
+
+interface Tagged {
+  readonly _tag: string
+  readonly message?: unknown
+}
+
+const isTagged = (u: unknown): u is Tagged =>
+  typeof u === "object" && u !== null && "_tag" in u && typeof (u as { _tag: unknown })._tag === "string"
+
+/** fields that never go to the user as such */
+const HIDDEN = new Set(["_tag", "message", "stack", "cause", "name", "_op"])
+
+const jsonSafe = (value: unknown): unknown => {
+  if (value === null || ["string", "number", "boolean"].includes(typeof value)) return value
+  if (Array.isArray(value)) return value.map((v) => jsonSafe(v))
+  if (typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, jsonSafe(v)]))
+  }
+  return String(value)
+}
+
+export const errorMessage = (error: Tagged): string =>
+  typeof error.message === "string" && error.message.length > 0 ? error.message : error._tag
+
+/** `{"error":{"_tag":…,"message":…, ...other fields}}` */
+export const errorJson = (error: Tagged): { readonly error: Record<string, unknown> } => {
+  const fields: Record<string, unknown> = { _tag: error._tag, message: errorMessage(error) }
+  for (const [key, value] of Object.entries(error)) {
+    if (!HIDDEN.has(key)) fields[key] = jsonSafe(value)
+  }
+  return { error: fields }
+}
+
+export const printJson = (value: unknown) => Console.log(JSON.stringify(value, null, 2))
+
+/** one line on stderr, or the JSON error object on stdout */
+export const renderError = (error: Tagged, json: boolean) =>
+  json ? printJson(errorJson(error)) : Console.error(`abox: ${errorMessage(error).split("\n").join(" ")}`)
+
+const skipScrub = Config.boolean("ABOX_SKIP_SCRUB").pipe(Config.withDefault(false))
+
+/** DESIGN: the scrubber runs on every start. Nothing secret is printed, only counts. */
+export const startupScrub = Effect.gen(function* () {
+  if (yield* skipScrub) return
+  const scrubber = yield* SecretScrubber
+  const report = yield* scrubber.scrub({ dryRun: false })
+  const changed = report.findings.filter((f) => f.changed)
+  if (changed.length > 0) {
+    yield* Console.error(
+      `abox: removed leftover secrets from ${changed.length} file(s) (abox scrub --dry-run shows where)`
+    )
+  }
+  if (report.problems.length > 0) {
+    yield* Console.error(
+      `abox: the secret scrub could not check ${report.problems.length} file(s) (abox scrub --json)`
+    )
+  }
+}).pipe(Effect.orElseSucceed(() => undefined))
+
+/**
+ * The edge of every command: the start-up scrub (unless `scrub: false`), then the body; a
+ * failure is rendered once (human line or JSON) and becomes `CliExit` with the tag's code.
+ */
+export const edge =
+  (options: { readonly json: boolean; readonly scrub?: boolean }) =>
+  <A, E extends Tagged, R>(body: Effect.Effect<A, E, R>) =>
+    Effect.gen(function* () {
+      if (options.scrub !== false) yield* startupScrub
+      return yield* body
+    }).pipe(
+      Effect.catchAll((error) =>
+        renderError(error, options.json).pipe(
+          Effect.zipRight(Effect.fail(new CliExit({ code: exitCodeFor(error._tag), tag: error._tag })))
+        )
+      )
+    )
+
+/** the exit code of the whole run (the runner's teardown) */
+export const exitCodeOf = (exit: Exit.Exit<unknown, unknown>): number => {
+  if (Exit.isSuccess(exit)) return 0
+  if (Cause.isInterruptedOnly(exit.cause)) return 130
+  const failure = Cause.failureOption(exit.cause)
+  if (Option.isSome(failure)) {
+    const error = failure.value
+    if (error instanceof CliExit) return error.code
+    if (ValidationError.isValidationError(error)) return exitCodeFor("ValidationError")
+    if (isTagged(error)) return exitCodeFor(error._tag)
+  }
+  return UNKNOWN_ERROR_EXIT
+}
+
+/** print what nobody rendered yet: defects and untagged failures (CliExit and ValidationError are already shown) */
+export const reportUnexpected = (exit: Exit.Exit<unknown, unknown>): string | undefined => {
+  if (Exit.isSuccess(exit) || Cause.isInterruptedOnly(exit.cause)) return undefined
+  const failure = Cause.failureOption(exit.cause)
+  if (Option.isSome(failure) && ValidationError.isValidationError(failure.value)) return undefined
+  if (Option.isSome(failure) && isTagged(failure.value)) {
+    if (failure.value._tag === "CliExit" || exitCodeFor(failure.value._tag) !== UNKNOWN_ERROR_EXIT)
+      return undefined
+  }
+  return Cause.pretty(exit.cause)
+}
