@@ -1,0 +1,158 @@
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { exitCodeFor } from "../src/cli/exitCodes.js"
+import { buildCli, removeTempHomes, runCli, tempHome, writeSession } from "./cliHelpers.js"
+
+const A = "01aaaaaaaaaaaaaaaaaaaaaaaa"
+const B = "01bbbbbbbbbbbbbbbbbbbbbbbb"
+const C = "01cccccccccccccccccccccccc"
+
+beforeAll(buildCli, 120_000)
+afterAll(removeTempHomes)
+
+const setup = () => {
+  const home = tempHome()
+  const sessions = path.join(home, "sessions")
+  writeSession(sessions, A)
+  writeSession(sessions, B, '{"format":1,"id":')
+  const legacy = path.join(home, "user", "Library", "Application Support", "ABox", "sessions")
+  writeSession(legacy, "legacy-one")
+  return { home, sessions, legacy }
+}
+
+const parse = (s: string) => JSON.parse(s) as Record<string, unknown>
+
+describe("abox CLI (built bundle, real processes)", () => {
+  it("--version and --help", () => {
+    const home = tempHome()
+    const v = runCli(home, ["--version"])
+    expect(v.code).toBe(0)
+    expect(v.stdout).toContain("0.1.0")
+    for (const cmd of [[], ["list"], ["show"], ["name"], ["rm"], ["scrub"]]) {
+      const h = runCli(home, [...cmd, "--help"])
+      expect(h.code).toBe(0)
+      expect(h.stdout).toContain("USAGE")
+    }
+  })
+
+  it("list: ok, corrupt (with the reason) and legacy sessions; --json", () => {
+    const { home } = setup()
+    const text = runCli(home, ["list"])
+    expect(text.code).toBe(0)
+    expect(text.stdout).toContain(A)
+    expect(text.stdout).toMatch(new RegExp(`${B}\\s+CORRUPT: .*not valid JSON`))
+    expect(text.stdout).toMatch(/legacy-one.*\[legacy\]/)
+    const json = runCli(home, ["list", "--json"])
+    expect(json.code).toBe(0)
+    const rows = parse(json.stdout).sessions as Array<Record<string, unknown>>
+    expect(rows.map((r) => [r.id, r.status, r.legacy])).toEqual([
+      [A, "ok", false],
+      [B, "corrupt", false],
+      ["legacy-one", "ok", true]
+    ])
+    expect((rows[1]!.error as Record<string, unknown>)._tag).toBe("SessionCorrupt")
+  })
+
+  it("list of an empty or absent home", () => {
+    const home = path.join(tempHome(), "not-yet")
+    const r = runCli(home, ["list", "--json"])
+    expect(r.code).toBe(0)
+    expect(parse(r.stdout)).toEqual({ sessions: [] })
+  })
+
+  it("show: by id and by name; a corrupt session exits with its typed error", () => {
+    const { home } = setup()
+    const byId = runCli(home, ["show", A, "--json"])
+    expect(byId.code).toBe(0)
+    expect((parse(byId.stdout).session as Record<string, unknown>).id).toBe(A)
+    expect(runCli(home, ["name", A, "web app"]).code).toBe(0)
+    const byName = runCli(home, ["show", "web app"])
+    expect(byName.code).toBe(0)
+    expect(byName.stdout).toMatch(/names:\s+web app/)
+
+    const corrupt = runCli(home, ["show", B])
+    expect(corrupt.code).toBe(exitCodeFor("SessionCorrupt"))
+    expect(corrupt.stderr.trim().split("\n")).toHaveLength(1)
+    expect(corrupt.stderr).toContain("session.json")
+    const corruptJson = runCli(home, ["show", B, "--json"])
+    expect(corruptJson.code).toBe(exitCodeFor("SessionCorrupt"))
+    const error = parse(corruptJson.stdout).error as Record<string, unknown>
+    expect(Object.keys(parse(corruptJson.stdout))).toEqual(["error"])
+    expect(error._tag).toBe("SessionCorrupt")
+    expect(typeof error.message).toBe("string")
+    expect(String(error.path)).toMatch(/session\.json$/)
+    expect(typeof error.reason).toBe("string")
+  })
+
+  it("errors: not found, too new, invalid name, name taken, usage", () => {
+    const { home, sessions } = setup()
+    writeSession(sessions, C, { format: 9 })
+    const cases: Array<[ReadonlyArray<string>, string]> = [
+      [["show", "nope", "--json"], "SessionNotFound"],
+      [["show", C, "--json"], "SessionFormatTooNew"],
+      [["name", A, "..", "--json"], "InvalidName"]
+    ]
+    for (const [args, tag] of cases) {
+      const r = runCli(home, args)
+      expect(r.code).toBe(exitCodeFor(tag))
+      expect((parse(r.stdout).error as Record<string, unknown>)._tag).toBe(tag)
+    }
+    expect(runCli(home, ["name", A, "a/b"]).code).toBe(0)
+    const taken = runCli(home, ["name", "legacy-one", "a_b", "--json"])
+    expect(taken.code).toBe(exitCodeFor("NameTaken"))
+    expect((parse(taken.stdout).error as Record<string, unknown>).message).toContain('"a/b"')
+    expect(runCli(home, ["show"]).code).toBe(exitCodeFor("ValidationError"))
+    expect(runCli(home, ["list", "--no-such-flag"]).code).toBe(exitCodeFor("ValidationError"))
+  })
+
+  it("rm: refuses without --yes on a non-terminal and deletes nothing; --yes removes dir and names", () => {
+    const { home, sessions } = setup()
+    expect(runCli(home, ["name", A, "doomed"]).code).toBe(0)
+    const before = fs.readdirSync(sessions).sort()
+    const refused = runCli(home, ["rm", "doomed"])
+    expect(refused.code).toBe(exitCodeFor("ConfirmationRequired"))
+    expect(refused.stderr).toContain("--yes")
+    expect(fs.readdirSync(sessions).sort()).toEqual(before)
+    expect(fs.existsSync(path.join(home, "names", "doomed.json"))).toBe(true)
+
+    const removed = runCli(home, ["rm", "doomed", "--yes", "--json"])
+    expect(removed.code).toBe(0)
+    expect(parse(removed.stdout)).toEqual({ removed: { sessionId: A } })
+    expect(fs.existsSync(path.join(sessions, A))).toBe(false)
+    expect(fs.existsSync(path.join(home, "names", "doomed.json"))).toBe(false)
+    // a corrupt session can be removed too; a legacy one never
+    expect(runCli(home, ["rm", B, "--yes"]).code).toBe(0)
+    const legacy = runCli(home, ["rm", "legacy-one", "--yes", "--json"])
+    expect(legacy.code).toBe(exitCodeFor("StoreIoError"))
+    expect(
+      fs.existsSync(
+        path.join(home, "user", "Library", "Application Support", "ABox", "sessions", "legacy-one")
+      )
+    ).toBe(true)
+  })
+
+  it("rm of a dangling name removes just the name", () => {
+    const { home, sessions } = setup()
+    expect(runCli(home, ["name", A, "ghost"]).code).toBe(0)
+    fs.rmSync(path.join(sessions, A), { recursive: true })
+    const show = runCli(home, ["show", "ghost"])
+    expect(show.code).toBe(exitCodeFor("SessionNotFound"))
+    expect(show.stderr).toContain("dangling")
+    expect(runCli(home, ["rm", "ghost", "--yes"]).code).toBe(0)
+    expect(fs.existsSync(path.join(home, "names", "ghost.json"))).toBe(false)
+  })
+
+  it("scrub --dry-run and --json report without changing session files", () => {
+    const { home, sessions } = setup()
+    const file = path.join(sessions, A, "session.json")
+    const before = fs.readFileSync(file)
+    const dry = runCli(home, ["scrub", "--dry-run", "--json"])
+    expect(dry.code).toBe(0)
+    const report = parse(dry.stdout).report as Record<string, unknown>
+    expect(report.dryRun).toBe(true)
+    expect(Array.isArray(report.findings)).toBe(true)
+    expect(runCli(home, ["scrub"]).code).toBe(0)
+    expect(fs.readFileSync(file).equals(before)).toBe(true)
+  })
+})
