@@ -30,7 +30,8 @@ export const snapshotSource = Effect.fn("snapshotSource")(function* (source: str
   const root = path.resolve(source)
   const stat = yield* Effect.tryPromise({
     try: () => fs.stat(root),
-    catch: (cause) => new SourceInvalid({ path: root, message: `cannot read source directory ${root}: ${String(cause)}` })
+    catch: (cause) =>
+      new SourceInvalid({ path: root, message: `cannot read source directory ${root}: ${String(cause)}` })
   })
   if (!stat.isDirectory()) {
     return yield* new SourceInvalid({ path: root, message: `source ${root} is not a directory` })
@@ -44,7 +45,11 @@ export const snapshotSource = Effect.fn("snapshotSource")(function* (source: str
           follow: false,
           portable: true,
           filter: (entryPath: string, entry: Stats | tar.ReadEntry) => {
-            if ("isSymbolicLink" in entry && typeof entry.isSymbolicLink === "function" && !kept(entry as Stats)) {
+            if (
+              "isSymbolicLink" in entry &&
+              typeof entry.isSymbolicLink === "function" &&
+              !kept(entry as Stats)
+            ) {
               skipped.push(entryPath)
               return false
             }
@@ -53,7 +58,8 @@ export const snapshotSource = Effect.fn("snapshotSource")(function* (source: str
         },
         ["."]
       ) as AsyncIterable<Uint8Array>,
-      (cause) => new TransferFailed({ reason: "snapshot", message: `snapshot of ${root} failed: ${String(cause)}` })
+      (cause) =>
+        new TransferFailed({ reason: "snapshot", message: `snapshot of ${root} failed: ${String(cause)}` })
     )
   )
   return { tar: tarStream, skipped } satisfies Snapshot
