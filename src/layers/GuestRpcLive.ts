@@ -1,0 +1,488 @@
+import * as Chunk from "effect/Chunk"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
+import type * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
+// Raw node:net / node:fs here: the Mux runs over a Node Duplex (the same code the guest uses),
+// which @effect/platform's Socket does not hand out; the socket file needs chmod 0600 and a
+// liveness probe before a stale file is unlinked.
+import * as fs from "node:fs"
+import * as net from "node:net"
+import type { ControlMessage, HelloMessage } from "../protocol/Messages.js"
+import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import type { MuxChannel } from "../protocol/Mux.js"
+import { Mux, MuxError } from "../protocol/Mux.js"
+import {
+  type GuestConnection,
+  GuestDisconnected,
+  GuestRpc,
+  type GuestRpcError,
+  type GuestRpcOptions,
+  GuestTimeout,
+  GuestTooNew,
+  GuestTooOld,
+  ProtocolError,
+  TransferFailed,
+  type TunnelRequest,
+  type TurnEvent
+} from "../services/GuestRpc.js"
+
+/** control messages held between the socket and the dispatcher before the socket is paused */
+const CONTROL_BUFFER = 64
+/** events of one turn held for a slow consumer before the dispatcher (and so the socket) waits */
+const TURN_BUFFER = 256
+/** tunnel requests nobody has taken yet; more are denied */
+const PENDING_TUNNELS = 64
+
+/** the version rule of protocol v4 (docs/protocol.md, "Versioning") */
+export const checkGuestProtocol = (hello: HelloMessage): Effect.Effect<void, GuestTooOld | GuestTooNew> => {
+  if (hello.protocol < MIN_GUEST_PROTOCOL) {
+    return Effect.fail(
+      new GuestTooOld({
+        protocol: hello.protocol,
+        minimum: MIN_GUEST_PROTOCOL,
+        message: `the guest speaks protocol ${hello.protocol}, this host needs at least ${MIN_GUEST_PROTOCOL}: run image-update, then open a new session`
+      })
+    )
+  }
+  if (hello.protocol > PROTOCOL_VERSION) {
+    return Effect.fail(
+      new GuestTooNew({
+        protocol: hello.protocol,
+        maximum: PROTOCOL_VERSION,
+        message: `the guest speaks protocol ${hello.protocol}, this host speaks up to ${PROTOCOL_VERSION}: update abox on the host`
+      })
+    )
+  }
+  return Effect.void
+}
+
+const describe = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+
+/** a failed mux operation: a protocol violation if the mux recorded one, else a disconnect */
+const muxFailure = (mux: Mux, cause: unknown): GuestRpcError => {
+  const failure = mux.failure
+  if (failure !== undefined) return new ProtocolError({ reason: failure.reason, message: failure.message })
+  if (cause instanceof MuxError && cause.reason !== "mux closed" && cause.reason !== "connection closed") {
+    return new GuestDisconnected({ message: `guest connection: ${cause.reason}` })
+  }
+  return new GuestDisconnected({ message: "the guest connection closed" })
+}
+
+/** is something accepting connections on this unix socket path? */
+const probe = (path: string): Effect.Effect<boolean> =>
+  Effect.async<boolean>((resume) => {
+    const socket = net.connect(path)
+    socket.once("connect", () => {
+      socket.destroy()
+      resume(Effect.succeed(true))
+    })
+    socket.once("error", () => {
+      socket.destroy()
+      resume(Effect.succeed(false))
+    })
+    return Effect.sync(() => socket.destroy())
+  })
+
+const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: string) {
+  const exists = yield* Effect.sync(() => fs.existsSync(socketPath))
+  if (exists) {
+    if (yield* probe(socketPath)) {
+      return yield* new GuestDisconnected({ message: `${socketPath}: another process is listening on it` })
+    }
+    yield* Effect.try({
+      try: () => fs.unlinkSync(socketPath),
+      catch: (cause) =>
+        new GuestDisconnected({
+          message: `${socketPath}: cannot remove the stale socket: ${describe(cause)}`
+        })
+    })
+  }
+  const connections = yield* Effect.acquireRelease(Queue.sliding<net.Socket>(4), (queue) =>
+    Effect.flatMap(Queue.takeAll(queue), (sockets) =>
+      Effect.sync(() => Chunk.forEach(sockets, (s) => s.destroy()))
+    ).pipe(Effect.zipRight(Queue.shutdown(queue)))
+  )
+  yield* Effect.acquireRelease(
+    Effect.async<net.Server, GuestDisconnected>((resume) => {
+      const server = net.createServer({ pauseOnConnect: true }, (socket) => {
+        if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
+      })
+      server.once("error", (cause) =>
+        resume(
+          Effect.fail(new GuestDisconnected({ message: `${socketPath}: cannot listen: ${describe(cause)}` }))
+        )
+      )
+      server.listen(socketPath, () => {
+        try {
+          // the session directory is 0700 already; the socket itself is 0600 as well
+          fs.chmodSync(socketPath, 0o600)
+        } catch (cause) {
+          server.close()
+          resume(Effect.fail(new GuestDisconnected({ message: `${socketPath}: chmod: ${describe(cause)}` })))
+          return
+        }
+        resume(Effect.succeed(server))
+      })
+    }),
+    (server) =>
+      Effect.async<void>((resume) => {
+        server.close(() => resume(Effect.void))
+      }).pipe(
+        Effect.zipRight(
+          Effect.sync(() => {
+            try {
+              fs.unlinkSync(socketPath)
+            } catch {
+              // already gone
+            }
+          })
+        )
+      )
+  )
+  return connections
+})
+
+const isTurnEvent = (item: TurnEvent | GuestRpcError): item is TurnEvent =>
+  item._tag === "Event" || item._tag === "End"
+
+interface Turn {
+  readonly queue: Queue.Queue<TurnEvent | GuestRpcError>
+  ended: boolean
+}
+
+const connect = (
+  socket: net.Socket,
+  options: GuestRpcOptions
+): Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> =>
+  Effect.gen(function* () {
+    const mux = yield* Effect.acquireRelease(
+      Effect.sync(() => new Mux(socket)),
+      (m) => Effect.sync(() => m.destroy())
+    )
+    socket.resume()
+    const closed = yield* Deferred.make<void>()
+    mux.onClose(() => Deferred.unsafeDone(closed, Exit.void))
+    const hello = yield* Deferred.make<HelloMessage, GuestRpcError>()
+    const ready = yield* Deferred.make<void, GuestRpcError>()
+    const terminated = yield* Deferred.make<never, GuestRpcError>()
+    const transfers = new Map<number, Deferred.Deferred<{ files: number; bytes: number }, TransferFailed>>()
+    const turns = new Map<number, Turn>()
+    const tunnelQueue = yield* Effect.acquireRelease(Queue.dropping<TunnelRequest>(PENDING_TUNNELS), (q) =>
+      Queue.shutdown(q)
+    )
+    let phase: "hello" | "ready" | "run" = "hello"
+
+    const send = (message: ControlMessage): Effect.Effect<void, GuestRpcError> =>
+      Effect.tryPromise({ try: () => mux.sendControl(message), catch: (cause) => muxFailure(mux, cause) })
+
+    const control = Stream.async<ControlMessage, GuestRpcError>((emit) => {
+      mux.onControl((message) => emit.single(message))
+      mux.onError(
+        (error) => void emit.fail(new ProtocolError({ reason: error.reason, message: error.message }))
+      )
+      mux.onClose(() => void emit.end())
+    }, CONTROL_BUFFER)
+
+    const channelStream = (channel: MuxChannel): Stream.Stream<Uint8Array, GuestDisconnected> =>
+      Stream.fromAsyncIterable(channel.readable, (cause) => muxFailure(mux, cause)).pipe(
+        Stream.mapError((e) =>
+          e._tag === "GuestDisconnected" ? e : new GuestDisconnected({ message: e.message })
+        )
+      )
+
+    const tunnelRequest = (channel: number, host: string, port: number): TunnelRequest => ({
+      channel,
+      host,
+      port,
+      accept: () =>
+        Effect.gen(function* () {
+          const ch = mux.channel(channel)
+          yield* send({ type: "tunnel_accept", channel }).pipe(
+            Effect.mapError((e) =>
+              e._tag === "GuestDisconnected" ? e : new GuestDisconnected({ message: e.message })
+            )
+          )
+          return {
+            read: channelStream(ch),
+            write: (chunk: Uint8Array) =>
+              Effect.tryPromise({
+                try: () => ch.write(chunk),
+                catch: (cause) => new GuestDisconnected({ message: `tunnel ${channel}: ${describe(cause)}` })
+              }),
+            close: send({ type: "tunnel_close", channel }).pipe(Effect.ignore)
+          }
+        }),
+      deny: (reason: string) => send({ type: "tunnel_deny", channel, reason }).pipe(Effect.ignore)
+    })
+
+    const dispatch = (message: ControlMessage): Effect.Effect<void> => {
+      if (phase === "hello") {
+        if (message.type === "hello") {
+          phase = "ready"
+          return Deferred.succeed(hello, message)
+        }
+        return Deferred.fail(
+          hello,
+          new ProtocolError({
+            reason: `expected hello, got ${message.type}`,
+            message: `the guest sent ${message.type} before hello`
+          })
+        )
+      }
+      if (phase === "ready") {
+        if (message.type === "ready") {
+          phase = "run"
+          return Deferred.succeed(ready, undefined)
+        }
+        const reason =
+          message.type === "error"
+            ? `guest error ${message.code}: ${message.message}`
+            : `expected ready, got ${message.type}`
+        return Deferred.fail(
+          ready,
+          new ProtocolError({ reason, message: `the guest did not become ready: ${reason}` })
+        )
+      }
+      switch (message.type) {
+        case "agent_event": {
+          const turn = turns.get(message.turn)
+          return turn === undefined
+            ? Effect.void
+            : Queue.offer(turn.queue, { _tag: "Event", event: message.event })
+        }
+        case "turn_end": {
+          const turn = turns.get(message.turn)
+          if (turn === undefined) return Effect.void
+          turn.ended = true
+          return Queue.offer(turn.queue, {
+            _tag: "End",
+            exitCode: message.exitCode,
+            signal: message.signal,
+            cancelled: message.cancelled
+          })
+        }
+        case "transfer_end": {
+          const pending = transfers.get(message.channel)
+          return pending === undefined
+            ? Effect.void
+            : Deferred.succeed(pending, { files: message.files, bytes: message.bytes })
+        }
+        case "tunnel_open": {
+          const request = tunnelRequest(message.channel, message.host, message.port)
+          return Effect.flatMap(Queue.offer(tunnelQueue, request), (taken) =>
+            taken ? Effect.void : request.deny("too many pending tunnels")
+          )
+        }
+        case "tunnel_close": // the mux has dropped the channel; its reader fails
+          return Effect.void
+        case "error": {
+          const text = `${message.code}: ${message.message}`
+          if (message.channel !== undefined && transfers.has(message.channel)) {
+            return Deferred.fail(
+              transfers.get(message.channel)!,
+              new TransferFailed({ reason: message.code, message: text })
+            )
+          }
+          if (message.turn !== undefined) {
+            const turn = turns.get(message.turn)
+            if (turn !== undefined) {
+              turn.ended = true
+              return Queue.offer(
+                turn.queue,
+                new ProtocolError({ reason: message.code, message: `guest: ${text}` })
+              )
+            }
+          }
+          return Effect.logWarning("guest reported an error").pipe(
+            Effect.annotateLogs({ code: message.code, text })
+          )
+        }
+        default:
+          return Effect.logWarning("guest sent a host-to-guest message").pipe(
+            Effect.annotateLogs({ type: message.type })
+          )
+      }
+    }
+
+    const terminate = (error: GuestRpcError): Effect.Effect<void> =>
+      Effect.gen(function* () {
+        yield* Deferred.fail(terminated, error)
+        yield* Deferred.fail(hello, error)
+        yield* Deferred.fail(ready, error)
+        for (const pending of transfers.values()) {
+          yield* Deferred.fail(pending, new TransferFailed({ reason: error._tag, message: error.message }))
+        }
+        yield* Queue.shutdown(tunnelQueue)
+        // last: these wait for the turns' consumers (bounded queues); the scope ends them otherwise
+        for (const turn of turns.values()) if (!turn.ended) yield* Queue.offer(turn.queue, error)
+      })
+
+    yield* Stream.runForEach(control, dispatch).pipe(
+      Effect.matchEffect({
+        onFailure: (error) => terminate(error),
+        onSuccess: () => terminate(new GuestDisconnected({ message: "the guest connection closed" }))
+      }),
+      Effect.forkScoped
+    )
+
+    const shutdown: Effect.Effect<void, GuestRpcError> = Effect.gen(function* () {
+      if (mux.isClosed || mux.failure !== undefined) return
+      yield* send({ type: "shutdown" }).pipe(Effect.catchTag("GuestDisconnected", () => Effect.void))
+      yield* Deferred.await(closed).pipe(
+        Effect.timeoutFail({
+          duration: options.shutdownTimeout,
+          onTimeout: () =>
+            new GuestTimeout({
+              waitingFor: "shutdown",
+              message: `the guest did not close the connection within ${Duration.format(options.shutdownTimeout)} of shutdown`
+            })
+        })
+      )
+    }).pipe(Effect.withSpan("GuestRpc.shutdown"))
+    // Close's first step: runs before the mux is destroyed (finalizers run in reverse)
+    yield* Effect.addFinalizer(() =>
+      shutdown.pipe(
+        Effect.catchAll((error) => Effect.logWarning("guest shutdown", error.message)),
+        Effect.ensuring(Effect.sync(() => mux.destroy()))
+      )
+    )
+
+    // ---- handshake (a failure closes the connection at once) ----
+    const handshake = Effect.gen(function* () {
+      const helloMessage = yield* Deferred.await(hello).pipe(
+        Effect.timeoutFail({
+          duration: options.helloTimeout,
+          onTimeout: () =>
+            new GuestTimeout({
+              waitingFor: "hello",
+              message: `the guest connected but sent no hello within ${Duration.format(options.helloTimeout)}`
+            })
+        })
+      )
+      yield* checkGuestProtocol(helloMessage).pipe(
+        Effect.tapError((error) =>
+          send({ type: "error", code: "protocol_unsupported", message: error.message }).pipe(Effect.ignore)
+        )
+      )
+      yield* Deferred.await(ready).pipe(
+        Effect.timeoutFail({
+          duration: options.helloTimeout,
+          onTimeout: () =>
+            new GuestTimeout({
+              waitingFor: "ready",
+              message: `the guest sent hello but not ready within ${Duration.format(options.helloTimeout)}`
+            })
+        })
+      )
+      return helloMessage
+    })
+    const helloMessage = yield* handshake.pipe(Effect.tapError(() => Effect.sync(() => mux.close())))
+
+    let nextTurn = (helloMessage.contextTurns ?? 0) + 1
+    let nextChannel = 2
+
+    const awaitOrTerminated = <A, E>(
+      deferred: Deferred.Deferred<A, E>
+    ): Effect.Effect<A, E | GuestRpcError> =>
+      Effect.raceFirst(Deferred.await(deferred), Deferred.await(terminated))
+
+    const transfer = (
+      tar: Stream.Stream<Uint8Array, TransferFailed>,
+      target: string
+    ): Effect.Effect<{ readonly files: number; readonly bytes: number }, TransferFailed | GuestRpcError> =>
+      Effect.gen(function* () {
+        const id = nextChannel
+        nextChannel += 2
+        const result = yield* Deferred.make<{ files: number; bytes: number }, TransferFailed>()
+        transfers.set(id, result)
+        yield* Effect.addFinalizer(() => Effect.sync(() => transfers.delete(id)))
+        yield* send({ type: "transfer_begin", channel: id, format: "tar", target })
+        const channel = mux.channel(id)
+        yield* Effect.addFinalizer(() => Effect.sync(() => channel.destroy("transfer finished")))
+        const pipe = Stream.runForEach(tar, (chunk) =>
+          Effect.tryPromise({ try: () => channel.write(chunk), catch: (cause) => muxFailure(mux, cause) })
+        ).pipe(
+          Effect.zipRight(
+            Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) })
+          ),
+          Effect.zipRight(awaitOrTerminated(result))
+        )
+        // the guest may refuse the transfer while we are still sending: stop writing then
+        const refused = Effect.zipRight(Deferred.await(result), Effect.never)
+        // a disconnect wins over the write error it causes
+        return yield* Effect.raceFirst(pipe, refused).pipe(
+          Effect.catchAll((error: TransferFailed | GuestRpcError) =>
+            Effect.flatMap(Deferred.poll(terminated), (done) =>
+              Option.isSome(done) ? done.value : Effect.fail(error)
+            )
+          )
+        )
+      }).pipe(Effect.scoped, Effect.withSpan("GuestRpc.transfer"))
+
+    const turn = (text: string): Stream.Stream<TurnEvent, GuestRpcError> =>
+      Stream.unwrapScoped(
+        Effect.gen(function* () {
+          yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
+            Option.isSome(done) ? done.value : Effect.void
+          )
+          const id = nextTurn++
+          const entry: Turn = {
+            queue: yield* Queue.bounded<TurnEvent | GuestRpcError>(TURN_BUFFER),
+            ended: false
+          }
+          turns.set(id, entry)
+          yield* Effect.addFinalizer(() =>
+            Effect.gen(function* () {
+              turns.delete(id)
+              yield* Queue.shutdown(entry.queue)
+              // interrupted before its end: the guest stops the turn
+              if (!entry.ended && !mux.isClosed) yield* send({ type: "cancel", turn: id }).pipe(Effect.ignore)
+            })
+          )
+          yield* send({ type: "user_turn", turn: id, text })
+          return Stream.fromQueue(entry.queue).pipe(
+            Stream.mapEffect((item) => (isTurnEvent(item) ? Effect.succeed(item) : Effect.fail(item))),
+            Stream.takeUntil((event) => event._tag === "End")
+          )
+        }).pipe(Effect.withSpan("GuestRpc.turn"))
+      )
+
+    const cancel = Effect.fn("GuestRpc.cancel")(function* (id: number) {
+      yield* send({ type: "cancel", turn: id })
+    })
+
+    return {
+      hello: helloMessage,
+      transfer,
+      turn,
+      cancel,
+      shutdown,
+      tunnels: Stream.fromQueue(tunnelQueue)
+    } satisfies GuestConnection
+  })
+
+export const GuestRpcLive = Layer.succeed(GuestRpc, {
+  listen: Effect.fn("GuestRpc.listen")(function* (socketPath: string, options: GuestRpcOptions) {
+    const connections = yield* bindListener(socketPath)
+    const accept = Effect.gen(function* () {
+      const socket = yield* Queue.take(connections).pipe(
+        Effect.timeoutFail({
+          duration: options.helloTimeout,
+          onTimeout: () =>
+            new GuestTimeout({
+              waitingFor: "hello",
+              message: `the guest did not connect within ${Duration.format(options.helloTimeout)}`
+            })
+        })
+      )
+      return yield* connect(socket, options)
+    }).pipe(Effect.withSpan("GuestRpc.accept"))
+    return { accept }
+  })
+})
