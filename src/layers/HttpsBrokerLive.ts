@@ -1,0 +1,354 @@
+import * as FileSystem from "@effect/platform/FileSystem"
+import * as Config from "effect/Config"
+import * as Duration from "effect/Duration"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as FiberSet from "effect/FiberSet"
+import * as Layer from "effect/Layer"
+import * as ParseResult from "effect/ParseResult"
+import * as Redacted from "effect/Redacted"
+import * as Ref from "effect/Ref"
+import * as Runtime from "effect/Runtime"
+import * as Stream from "effect/Stream"
+import * as dns from "node:dns"
+import * as net from "node:net"
+import * as os from "node:os"
+import * as path from "node:path"
+import type { Duplex } from "node:stream"
+import * as tls from "node:tls"
+import { makeSessionCa } from "../lib/broker/ca.js"
+import { channelDuplex } from "../lib/broker/channel.js"
+import { BROKER_LOG_FILE, type BrokerLogEntry, openBrokerLog } from "../lib/broker/log.js"
+import {
+  type BrokerPolicy,
+  checkResolved,
+  type CredentialRule,
+  decide,
+  decodePolicyJson
+} from "../lib/broker/policy.js"
+import { terminateTunnel } from "../lib/broker/terminate.js"
+import type { TunnelRequest } from "../services/GuestRpc.js"
+import {
+  BrokerError,
+  BrokerPolicyError,
+  type BrokerSession,
+  type BrokerSessionInfo,
+  HttpsBroker,
+  type HttpsBrokerShape
+} from "../services/HttpsBroker.js"
+
+export interface HttpsBrokerOptions {
+  /** name → addresses; default: the system resolver (all addresses). Tests inject their own. */
+  readonly resolve?: (host: string) => Promise<ReadonlyArray<string>>
+  /** open a TCP connection to exactly this address; default node:net. Tests inject their own. */
+  readonly dial?: (address: string, port: number) => Promise<Duplex>
+  /** test only: extra CAs trusted upstream, on top of the system's */
+  readonly extraUpstreamCa?: ReadonlyArray<string>
+  /** concurrent tunnels per session (default 64); more are denied */
+  readonly maxTunnels?: number
+  /** request head bound in terminate mode (default 64 KiB); larger heads get 431 */
+  readonly maxHeaderBytes?: number
+  /** bound on a TLS handshake and on each request head (default 30 s) */
+  readonly headTimeout?: Duration.DurationInput
+  /** a tunnel silent this long is closed (default 10 min) */
+  readonly idleTimeout?: Duration.DurationInput
+  /** bound on name resolution plus the TCP connect (default 10 s) */
+  readonly dialTimeout?: Duration.DurationInput
+}
+
+const defaultResolve = async (host: string): Promise<ReadonlyArray<string>> => {
+  const answers = await dns.promises.lookup(host, { all: true, verbatim: true })
+  return answers.map((a) => a.address)
+}
+
+const defaultDial = (address: string, port: number): Promise<Duplex> =>
+  new Promise((resolve, reject) => {
+    const socket = net.connect({ host: address, port })
+    socket.once("connect", () => {
+      socket.off("error", reject)
+      resolve(socket)
+    })
+    socket.once("error", reject)
+  })
+
+const errorCode = (cause: unknown): string => {
+  const code = (cause as { code?: unknown } | undefined)?.code
+  return typeof code === "string" ? code.toLowerCase() : "error"
+}
+
+const expandHome = (file: string) =>
+  file === "~" || file.startsWith("~/") ? path.join(os.homedir(), file.slice(1)) : file
+
+const MAX_SECRET_FILE = 64 * 1024
+
+export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
+  Effect.gen(function* () {
+    const fs = yield* FileSystem.FileSystem
+    const resolveName = options.resolve ?? defaultResolve
+    const dialAddress = options.dial ?? defaultDial
+    const upstreamCa =
+      options.extraUpstreamCa === undefined
+        ? undefined
+        : [...tls.rootCertificates, ...options.extraUpstreamCa]
+    const maxTunnels = options.maxTunnels ?? 64
+    const maxHeaderBytes = options.maxHeaderBytes ?? 64 * 1024
+    const headTimeoutMs = Duration.toMillis(options.headTimeout ?? "30 seconds")
+    const idleTimeoutMs = Duration.toMillis(options.idleTimeout ?? "10 minutes")
+    const dialTimeout = options.dialTimeout ?? "10 seconds"
+
+    /** the secret for a rule, read now (never cached, never logged); undefined when unavailable */
+    const readCredential = (rule: CredentialRule): Effect.Effect<string | undefined> => {
+      const raw: Effect.Effect<string | undefined> =
+        "fromEnv" in rule
+          ? Config.redacted(rule.fromEnv).pipe(
+              Effect.map((value) => Redacted.value(value)),
+              Effect.orElseSucceed(() => undefined)
+            )
+          : fs.stat(expandHome(rule.fromFile)).pipe(
+              Effect.filterOrFail((info) => info.type === "File" && Number(info.size) <= MAX_SECRET_FILE),
+              Effect.zipRight(fs.readFileString(expandHome(rule.fromFile))),
+              Effect.map((text) => text.replace(/\r?\n$/, "")),
+              Effect.orElseSucceed(() => undefined)
+            )
+      return raw.pipe(
+        Effect.map((secret) =>
+          secret === undefined || secret === "" || /[\r\n]/.test(secret)
+            ? undefined
+            : rule.format === undefined
+              ? secret
+              : rule.format.replaceAll("{}", secret)
+        )
+      )
+    }
+
+    const make = Effect.fn("HttpsBroker.make")(function* (policy: BrokerPolicy, session: BrokerSessionInfo) {
+      const ca = yield* Effect.tryPromise({
+        try: () => makeSessionCa({ commonName: `abox session ${session.sessionId}` }),
+        catch: (cause) =>
+          new BrokerError({ reason: "ca", message: `could not make the session CA: ${String(cause)}` })
+      })
+      const logPath = path.join(session.sessionDir, BROKER_LOG_FILE)
+      const writeLog = yield* openBrokerLog(logPath).pipe(
+        Effect.provideService(FileSystem.FileSystem, fs),
+        Effect.mapError(
+          (cause) =>
+            new BrokerError({ reason: "log", message: `could not open ${logPath}: ${cause.message}` })
+        )
+      )
+      const turn = yield* Ref.make<number | undefined>(undefined)
+      const active = yield* Ref.make(0)
+      const fibers = yield* FiberSet.make()
+      const runtime = yield* Effect.runtime<never>()
+
+      const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) =>
+        Ref.get(turn).pipe(
+          Effect.flatMap((t) =>
+            writeLog({ time: new Date().toISOString(), ...(t === undefined ? {} : { turn: t }), ...entry })
+          )
+        )
+
+      const serveTunnel = Effect.fn("HttpsBroker.serveTunnel")(function* (request: TunnelRequest) {
+        const started = Date.now()
+        const base = { channel: request.channel, host: request.host, port: request.port }
+        const refuse = (reason: string) =>
+          Effect.zipRight(
+            request.deny(reason),
+            log({ ...base, event: "open", decision: "deny", reason, credential: false })
+          )
+
+        const decision = decide(policy, request.host, request.port)
+        if (!decision.allow) return yield* refuse(decision.reason)
+
+        // resolve once, check, and dial exactly the checked address (no second lookup)
+        let address: string
+        if (decision.pinned !== undefined) {
+          address = decision.pinned
+        } else {
+          const answer = yield* Effect.tryPromise(() => resolveName(decision.host)).pipe(
+            Effect.timeout(dialTimeout),
+            Effect.either
+          )
+          if (answer._tag === "Left") return yield* refuse("resolve-failed")
+          const checked = checkResolved(answer.right)
+          if (!checked.ok) return yield* refuse(checked.reason)
+          address = checked.address
+        }
+        const dial = () => dialAddress(address, request.port)
+        const mode = decision.credential === undefined ? ("passthrough" as const) : ("terminate" as const)
+
+        // passthrough: connect first, accept only once the host is reachable
+        let upstream: Duplex | undefined
+        if (mode === "passthrough") {
+          const connected = yield* Effect.acquireRelease(
+            Effect.tryPromise({ try: () => dial(), catch: (cause) => errorCode(cause) }).pipe(
+              Effect.timeoutFail({ duration: dialTimeout, onTimeout: () => "timeout" }),
+              Effect.either
+            ),
+            (result) => Effect.sync(() => (result._tag === "Right" ? result.right.destroy() : undefined))
+          )
+          if (connected._tag === "Left") {
+            return yield* refuse(`connect-failed:${connected.left}`)
+          }
+          upstream = connected.right
+        }
+
+        const channel = yield* request.accept().pipe(Effect.either)
+        if (channel._tag === "Left") {
+          return yield* log({
+            ...base,
+            event: "open",
+            decision: "deny",
+            reason: "guest-disconnected",
+            credential: false
+          })
+        }
+        yield* log({
+          ...base,
+          event: "open",
+          decision: "allow",
+          address,
+          mode,
+          credential: mode === "terminate"
+        })
+        const guest = yield* channelDuplex(channel.right)
+        let closeReason: string | undefined
+
+        if (upstream !== undefined) {
+          const up = upstream
+          ;(up as Partial<net.Socket>).setTimeout?.(idleTimeoutMs, () => {
+            closeReason = "idle-timeout"
+            up.destroy()
+          })
+          guest.duplex.on("error", () => up.destroy())
+          up.on("error", () => guest.duplex.destroy())
+          up.on("close", () => guest.duplex.destroy())
+          guest.duplex.on("close", () => up.destroy())
+          guest.duplex.pipe(up)
+          up.pipe(guest.duplex)
+          yield* guest.closed
+        } else {
+          const rule = decision.credential!
+          const requests = { count: 0 }
+          const runLog = Runtime.runFork(runtime)
+          yield* Effect.promise(() =>
+            terminateTunnel(guest.duplex, {
+              host: decision.host,
+              port: request.port,
+              leaf: ca.leaf(decision.host),
+              credential: {
+                header: rule.header,
+                value: () =>
+                  new Promise((resolve) =>
+                    Runtime.runCallback(runtime)(readCredential(rule), {
+                      onExit: (exit) => resolve(Exit.isSuccess(exit) ? exit.value : undefined)
+                    })
+                  )
+              },
+              dial: () => dial(),
+              upstreamCa,
+              maxHeaderBytes,
+              headTimeoutMs,
+              idleTimeoutMs,
+              onRequest: (record) => {
+                requests.count++
+                runLog(
+                  log({
+                    ...base,
+                    event: "request",
+                    decision: record.decision,
+                    ...(record.reason === undefined ? {} : { reason: record.reason }),
+                    credential: record.credential,
+                    method: record.method,
+                    ...(record.status === undefined ? {} : { status: record.status })
+                  })
+                )
+              },
+              onDeny: (reason) => {
+                closeReason = reason
+                runLog(log({ ...base, event: "request", decision: "deny", reason, credential: false }))
+              }
+            })
+          )
+        }
+        yield* log({
+          ...base,
+          event: "close",
+          decision: "allow",
+          ...(closeReason === undefined ? {} : { reason: closeReason }),
+          address,
+          mode,
+          credential: mode === "terminate",
+          bytesUp: guest.bytesUp(),
+          bytesDown: guest.bytesDown(),
+          durationMs: Date.now() - started
+        })
+      })
+
+      const handle = (request: TunnelRequest): Effect.Effect<void> =>
+        Effect.suspend(() =>
+          Ref.modify(active, (n): [boolean, number] => (n >= maxTunnels ? [false, n] : [true, n + 1]))
+        ).pipe(
+          Effect.flatMap((admitted) =>
+            admitted
+              ? serveTunnel(request).pipe(Effect.scoped, Effect.ensuring(Ref.update(active, (n) => n - 1)))
+              : Effect.zipRight(
+                  request.deny("too-many-tunnels"),
+                  log({
+                    channel: request.channel,
+                    host: request.host,
+                    port: request.port,
+                    event: "open",
+                    decision: "deny",
+                    reason: "too-many-tunnels",
+                    credential: false
+                  })
+                )
+          ),
+          Effect.catchAllCause((cause) => Effect.logWarning("broker tunnel failed", cause))
+        )
+
+      const serve = (tunnels: Stream.Stream<TunnelRequest>) =>
+        tunnels.pipe(Stream.runForEach((request) => FiberSet.run(fibers, handle(request))))
+
+      return {
+        caCertPem: ca.certPem,
+        logPath,
+        serve,
+        handle,
+        setTurn: (t: number | undefined) => Ref.set(turn, t),
+        active: Ref.get(active)
+      } satisfies BrokerSession
+    })
+
+    const loadPolicy = Effect.fn("HttpsBroker.loadPolicy")(function* (file: string) {
+      const text = yield* fs.readFileString(file).pipe(
+        Effect.mapError(
+          (cause) =>
+            new BrokerPolicyError({
+              path: file,
+              reason: "unreadable",
+              message: `cannot read ${file}: ${cause.message}`
+            })
+        )
+      )
+      return yield* decodePolicyJson(text).pipe(
+        Effect.mapError(
+          (error) =>
+            new BrokerPolicyError({
+              path: file,
+              reason: "invalid",
+              message: `${file} is not a valid broker policy: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
+            })
+        )
+      )
+    })
+
+    return { make, loadPolicy } satisfies HttpsBrokerShape
+  })
+
+/** The broker with system DNS, system CAs and default bounds. Needs FileSystem. */
+export const HttpsBrokerLive = Layer.effect(HttpsBroker, makeHttpsBroker())
+
+/** The broker with injected resolver/dialer/bounds (tests, benchmarks). Needs FileSystem. */
+export const httpsBrokerLayer = (options: HttpsBrokerOptions) =>
+  Layer.effect(HttpsBroker, makeHttpsBroker(options))

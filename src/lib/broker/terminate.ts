@@ -1,0 +1,245 @@
+/**
+ * TLS termination for hosts with a credential rule: the guest's TLS ends here (a leaf of the
+ * session CA), each HTTP/1.1 request is forwarded over the broker's own TLS connection to the
+ * real host (certificate verified), with the credential header set on the way. Plain node:
+ * `node:https`/`node:tls` over the tunnel's Duplex, driven by the broker layer.
+ */
+import * as http from "node:http"
+import * as https from "node:https"
+import type { Duplex } from "node:stream"
+import * as tls from "node:tls"
+import { normalizeHost } from "./host.js"
+
+export interface RequestRecord {
+  readonly method: string
+  readonly status: number | undefined
+  readonly decision: "allow" | "deny"
+  readonly reason: string | undefined
+  readonly credential: boolean
+}
+
+export interface TerminateOptions {
+  /** the tunnel's (normalised) host and port: SNI and Host must name this host */
+  readonly host: string
+  readonly port: number
+  readonly leaf: { readonly certPem: string; readonly keyPem: string }
+  /** header name and a reader for its value (called per request; undefined: not available) */
+  readonly credential: { readonly header: string; readonly value: () => Promise<string | undefined> }
+  /** a TCP connection to the checked address (the broker resolved and checked it once) */
+  readonly dial: () => Promise<Duplex>
+  /** CAs trusted upstream: undefined for the system's */
+  readonly upstreamCa: ReadonlyArray<string> | undefined
+  readonly maxHeaderBytes: number
+  /** bound on the TLS handshake, and on each request head (from connection or last response) */
+  readonly headTimeoutMs: number
+  /** bound on silence once a request is under way */
+  readonly idleTimeoutMs: number
+  readonly onRequest: (record: RequestRecord) => void
+  /** the connection was refused before any request (handshake, SNI, head too large, timeout) */
+  readonly onDeny: (reason: string) => void
+}
+
+const HOP_BY_HOP = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "proxy-authorization",
+  "proxy-authenticate",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+  "host"
+])
+
+const forwardHeaders = (
+  raw: ReadonlyArray<string>,
+  drop: ReadonlySet<string>
+): Record<string, string | Array<string>> => {
+  const connectionListed = new Set<string>()
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]!.toLowerCase() === "connection") {
+      for (const token of raw[i + 1]!.split(",")) connectionListed.add(token.trim().toLowerCase())
+    }
+  }
+  const out: Record<string, string | Array<string>> = {}
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase()
+    if (HOP_BY_HOP.has(name) || connectionListed.has(name) || drop.has(name)) continue
+    const value = raw[i + 1]!
+    const existing = out[name]
+    out[name] =
+      existing === undefined ? value : Array.isArray(existing) ? [...existing, value] : [existing, value]
+  }
+  return out
+}
+
+/** `host[:port]` of a Host header → normalised host and port (undefined when absent). */
+const parseHostHeader = (value: string): { host: string; port: number | undefined } | undefined => {
+  const match = /^([^:]+)(?::(\d{1,5}))?$/.exec(value.trim())
+  if (match === null) return undefined
+  const checked = normalizeHost(match[1]!)
+  if (!checked.ok) return undefined
+  return { host: checked.host, port: match[2] === undefined ? undefined : Number(match[2]) }
+}
+
+const plainResponse = (status: number, text: string) =>
+  `HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ""}\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(text) + 1}\r\nConnection: close\r\n\r\n${text}\n`
+
+/**
+ * Serve one tunnel in terminate mode. Resolves when the guest side is closed; never rejects.
+ * The credential value goes only into the upstream request's header; it is never logged,
+ * echoed, or put in an error.
+ */
+export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promise<void> =>
+  new Promise<void>((resolve) => {
+    const secureContext = tls.createSecureContext({ cert: options.leaf.certPem, key: options.leaf.keyPem })
+    const upstreamCa = options.upstreamCa === undefined ? undefined : [...options.upstreamCa]
+    const credentialHeader = options.credential.header.toLowerCase()
+    let denied = false
+    const deny = (reason: string) => {
+      if (denied) return
+      denied = true
+      options.onDeny(reason)
+    }
+
+    // the broker's own connections upstream: keep-alive, always to the checked address
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 4 })
+    agent.createConnection = ((_: unknown, callback: (error: Error | null, socket?: Duplex) => void) => {
+      options.dial().then(
+        (raw) => {
+          const secure = tls.connect({
+            socket: raw,
+            servername: options.host,
+            ...(upstreamCa === undefined ? {} : { ca: upstreamCa }),
+            ALPNProtocols: ["http/1.1"]
+          })
+          callback(null, secure)
+        },
+        (error: Error) => callback(error)
+      )
+      return undefined
+    }) as unknown as typeof agent.createConnection
+
+    const server = https.createServer({
+      SNICallback: (servername, callback) => {
+        const sni = normalizeHost(servername)
+        if (sni.ok && sni.host === options.host) return callback(null, secureContext)
+        deny("sni-mismatch")
+        callback(new Error("SNI does not name the tunnel's host"))
+      },
+      maxHeaderSize: options.maxHeaderBytes,
+      handshakeTimeout: options.headTimeoutMs,
+      ALPNProtocols: ["http/1.1"],
+      keepAlive: true
+    })
+    server.setTimeout(options.idleTimeoutMs, (socket) => {
+      socket.destroy()
+    })
+
+    let headTimer: ReturnType<typeof setTimeout> | undefined
+    const armHeadTimer = (socket: tls.TLSSocket) => {
+      clearTimeout(headTimer)
+      headTimer = setTimeout(() => {
+        deny("head-timeout")
+        socket.destroy()
+      }, options.headTimeoutMs)
+    }
+    const stopHeadTimer = () => clearTimeout(headTimer)
+
+    server.on("secureConnection", (socket: tls.TLSSocket) => {
+      armHeadTimer(socket)
+      socket.on("close", stopHeadTimer)
+    })
+    server.on("tlsClientError", (error: NodeJS.ErrnoException) => {
+      deny(error.code === "ERR_TLS_HANDSHAKE_TIMEOUT" ? "handshake-timeout" : "tls-handshake-failed")
+      guest.destroy()
+    })
+    server.on("clientError", (error: NodeJS.ErrnoException, socket: Duplex) => {
+      const tooLarge = error.code === "HPE_HEADER_OVERFLOW"
+      if (tooLarge) deny("header-too-large")
+      else if (error.code !== "ECONNRESET") deny("bad-request")
+      if (socket.writable)
+        socket.end(
+          tooLarge
+            ? plainResponse(431, "abox broker: request header too large")
+            : plainResponse(400, "abox broker: bad request")
+        )
+      else socket.destroy()
+    })
+
+    server.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
+      stopHeadTimer()
+      const socket = req.socket as tls.TLSSocket
+      res.on("finish", () => {
+        if (!socket.destroyed) armHeadTimer(socket)
+      })
+      const method = req.method ?? "GET"
+      const refuse = (status: number, reason: string) => {
+        options.onRequest({ method, status, decision: "deny", reason, credential: false })
+        res.writeHead(status, { "content-type": "text/plain", connection: "close" })
+        res.end(`abox broker: ${reason}\n`)
+      }
+      const sni = typeof socket.servername === "string" ? normalizeHost(socket.servername) : undefined
+      if (sni === undefined || !sni.ok || sni.host !== options.host) return refuse(421, "sni-mismatch")
+      const hostHeader = req.headers.host === undefined ? undefined : parseHostHeader(req.headers.host)
+      if (hostHeader === undefined || hostHeader.host !== options.host) return refuse(421, "host-mismatch")
+      if (hostHeader.port !== undefined && hostHeader.port !== options.port)
+        return refuse(421, "host-port-mismatch")
+      if (!(req.url ?? "").startsWith("/")) return refuse(400, "not-origin-form")
+      if (req.headers.upgrade !== undefined) return refuse(501, "upgrade-not-supported")
+
+      options.credential.value().then(
+        (secret) => {
+          if (secret === undefined) return refuse(502, "credential-unavailable")
+          const headers = forwardHeaders(req.rawHeaders, new Set([credentialHeader]))
+          headers["host"] = req.headers.host!
+          headers[credentialHeader] = secret
+          const upstream = http.request({
+            agent,
+            method,
+            path: req.url,
+            headers,
+            host: options.host,
+            port: options.port
+          })
+          let status: number | undefined
+          upstream.on("response", (upstreamRes) => {
+            status = upstreamRes.statusCode ?? 502
+            const responseHeaders = forwardHeaders(upstreamRes.rawHeaders, new Set())
+            res.writeHead(status, upstreamRes.statusMessage, responseHeaders)
+            upstreamRes.pipe(res)
+            upstreamRes.on("error", () => res.destroy())
+          })
+          upstream.on("error", (error: NodeJS.ErrnoException) => {
+            // the reason is the error's code, never its message (which could quote a header)
+            const reason = `upstream-${(error.code ?? "error").toLowerCase()}`
+            if (!res.headersSent) {
+              options.onRequest({ method, status: 502, decision: "deny", reason, credential: true })
+              res.writeHead(502, { "content-type": "text/plain", connection: "close" })
+              res.end(`abox broker: ${reason}\n`)
+            } else {
+              res.destroy()
+            }
+            status = undefined
+          })
+          res.on("finish", () => {
+            if (status !== undefined)
+              options.onRequest({ method, status, decision: "allow", reason: undefined, credential: true })
+          })
+          req.pipe(upstream)
+          req.on("error", () => upstream.destroy())
+        },
+        () => refuse(502, "credential-unavailable")
+      )
+    })
+
+    const finish = () => {
+      stopHeadTimer()
+      agent.destroy()
+      server.close()
+      resolve()
+    }
+    guest.once("close", finish)
+    server.emit("connection", guest)
+  })

@@ -1,0 +1,553 @@
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import * as FileSystem from "@effect/platform/FileSystem"
+import { describe, expect, it } from "@effect/vitest"
+import * as Effect from "effect/Effect"
+import * as Fiber from "effect/Fiber"
+import * as Queue from "effect/Queue"
+import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
+import { execFile } from "node:child_process"
+import * as crypto from "node:crypto"
+import * as path from "node:path"
+import type { Duplex } from "node:stream"
+import * as tls from "node:tls"
+import { promisify } from "node:util"
+import { startConnectProxy } from "../src/guest/connectProxy.js"
+import { type HttpsBrokerOptions, makeHttpsBroker } from "../src/layers/HttpsBrokerLive.js"
+import { formatBrokerLog, readBrokerLog } from "../src/lib/broker/log.js"
+import type { BrokerPolicyEncoded } from "../src/lib/broker/policy.js"
+import { decodePolicy } from "../src/lib/broker/policy.js"
+import { GuestConfig } from "../src/protocol/GuestConfig.js"
+import type { TunnelRequest } from "../src/services/GuestRpc.js"
+import { connectThroughProxy, duplexPair, inMemoryTunnel, startUpstream } from "./support/brokerHarness.js"
+
+const run = promisify(execFile)
+const hasCurl = await run("curl", ["--version"]).then(
+  () => true,
+  () => false
+)
+
+const NAME = "test.local"
+
+interface Setup {
+  readonly policy?: (upstreamPort: number, envVar: string) => BrokerPolicyEncoded
+  readonly broker?: Partial<HttpsBrokerOptions>
+  readonly proxyHeadTimeoutMs?: number
+}
+
+/**
+ * The whole host path without a VM: CONNECT proxy → in-memory tunnel → HttpsBroker → HTTPS
+ * upstream on 127.0.0.1 (`test.local` pinned by the policy's resolve map).
+ */
+const setup = (options: Setup = {}) =>
+  Effect.gen(function* () {
+    const fs = yield* FileSystem.FileSystem
+    const dir = yield* fs.makeTempDirectoryScoped({ prefix: "abox-broker-" })
+    const sessionDir = path.join(dir, "session")
+    yield* fs.makeDirectory(sessionDir, { mode: 0o700 })
+    const upstream = yield* Effect.acquireRelease(
+      Effect.promise(() => startUpstream(NAME)),
+      (u) => Effect.promise(() => u.close())
+    )
+    const envVar = `ABOX_TEST_CANARY_${crypto.randomBytes(4).toString("hex").toUpperCase()}`
+    const secret = `sk-canary-${crypto.randomBytes(24).toString("hex")}`
+    process.env[envVar] = secret
+    yield* Effect.addFinalizer(() => Effect.sync(() => delete process.env[envVar]))
+    const encoded: BrokerPolicyEncoded = options.policy?.(upstream.port, envVar) ?? {
+      format: 1,
+      allow: [{ host: NAME, ports: [upstream.port] }],
+      credentials: [{ host: NAME, header: "x-api-key", fromEnv: envVar }],
+      resolve: { [NAME]: "127.0.0.1" }
+    }
+    const policy = yield* decodePolicy(encoded)
+    const broker = yield* makeHttpsBroker({ extraUpstreamCa: [upstream.caPem], ...options.broker })
+    const session = yield* broker.make(policy, { sessionId: "s-test", sessionDir })
+    const queue = yield* Queue.unbounded<TunnelRequest>()
+    yield* Effect.forkScoped(session.serve(Stream.fromQueue(queue)))
+    let channel = 1
+    const proxy = yield* Effect.acquireRelease(
+      Effect.promise(() =>
+        startConnectProxy({
+          openTunnel: (host, port) => {
+            const tunnel = inMemoryTunnel(channel++, host, port)
+            Queue.unsafeOffer(queue, tunnel.request)
+            return tunnel.result
+          },
+          ...(options.proxyHeadTimeoutMs === undefined ? {} : { headTimeoutMs: options.proxyHeadTimeoutMs })
+        })
+      ),
+      (p) => Effect.promise(() => p.close())
+    )
+    const caFile = path.join(dir, "session-ca.pem")
+    yield* fs.writeFileString(caFile, session.caCertPem)
+    const upstreamCaFile = path.join(dir, "upstream-ca.pem")
+    yield* fs.writeFileString(upstreamCaFile, upstream.caPem)
+    const curl = (url: string, extra: ReadonlyArray<string> = [], ca = caFile) =>
+      Effect.promise(() =>
+        run("curl", [
+          "-sS",
+          "--max-time",
+          "20",
+          "--proxy",
+          `http://127.0.0.1:${proxy.port}`,
+          "--cacert",
+          ca,
+          ...extra,
+          "-w",
+          "\n%{http_code}",
+          url
+        ]).then(
+          ({ stdout, stderr }) => ({ stdout, stderr, ok: true }),
+          (error: { stdout?: string; stderr?: string }) => ({
+            stdout: error.stdout ?? "",
+            stderr: error.stderr ?? "",
+            ok: false
+          })
+        )
+      )
+    const logEntries = Effect.map(readBrokerLog(session.logPath), (r) => r.entries)
+    return {
+      fs,
+      dir,
+      sessionDir,
+      upstream,
+      envVar,
+      secret,
+      session,
+      proxy,
+      caFile,
+      upstreamCaFile,
+      curl,
+      logEntries
+    }
+  })
+
+type Env = Effect.Effect.Success<ReturnType<typeof setup>>
+
+/** every file under dir, recursively */
+const allFiles = (fs: FileSystem.FileSystem, dir: string) =>
+  Effect.map(fs.readDirectory(dir, { recursive: true }), (names) => names.map((n) => path.join(dir, n)))
+
+/** TLS to the upstream name through the proxy with the session CA; raw HTTP written by the test */
+const tlsThroughProxy = (env: Env, servername: string, target = `${NAME}:${env.upstream.port}`) =>
+  Effect.promise(async () => {
+    const opened = await connectThroughProxy(env.proxy.port, target)
+    if (!opened.ok) throw new Error(`CONNECT refused: ${opened.head}`)
+    const socket = tls.connect({ socket: opened.socket, servername, ca: [env.session.caCertPem] })
+    const handshake = await new Promise<"ok" | string>((resolve) => {
+      socket.once("secureConnect", () => resolve("ok"))
+      socket.once("error", (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message))
+    })
+    return { socket, handshake }
+  })
+
+const readAll = (socket: Duplex) =>
+  Effect.promise(
+    () =>
+      new Promise<string>((resolve) => {
+        let text = ""
+        socket.on("data", (c: Buffer) => (text += c.toString("latin1")))
+        socket.on("error", () => resolve(text))
+        socket.on("close", () => resolve(text))
+      })
+  )
+
+const scoped = <A, E>(effect: Effect.Effect<A, E, FileSystem.FileSystem | Scope.Scope>) =>
+  effect.pipe(Effect.scoped, Effect.provide(NodeFileSystem.layer))
+
+describe("HttpsBroker through the CONNECT proxy (real sockets, no VM)", () => {
+  it.live.skipIf(!hasCurl)(
+    "curl gets the upstream's answer; the upstream sees the real credential; the secret goes nowhere else",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const url = `https://${NAME}:${env.upstream.port}/hello`
+          const first = yield* env.curl(url, ["-H", "x-api-key: abox-placeholder"])
+          const second = yield* env.curl(url) // no header at all: the broker adds it
+          expect(first.stdout).toBe("hello from upstream\n\n200")
+          expect(second.stdout).toBe("hello from upstream\n\n200")
+          expect(env.upstream.seen).toHaveLength(2)
+          for (const seen of env.upstream.seen) {
+            expect(seen.headers["x-api-key"]).toBe(env.secret)
+            expect(seen.headers["host"]).toBe(`${NAME}:${env.upstream.port}`)
+          }
+          // the client trusted only the session CA: the upstream's own CA does not verify it
+          const wrongCa = yield* env.curl(url, [], env.upstreamCaFile)
+          expect(wrongCa.ok).toBe(false)
+
+          // canary: nowhere in what the client received, the session dir, or the guest-facing config
+          const secretBytes = Buffer.from(env.secret)
+          for (const r of [first, second, wrongCa]) expect(r.stdout + r.stderr).not.toContain(env.secret)
+          const files = yield* allFiles(env.fs, env.sessionDir)
+          expect(files.map((f) => path.basename(f))).toContain("broker.log")
+          for (const file of files) {
+            const bytes = Buffer.from(yield* env.fs.readFile(file))
+            expect(bytes.includes(secretBytes)).toBe(false)
+          }
+          const guestConfig = Schema.encodeSync(Schema.parseJson(GuestConfig))({
+            format: 1,
+            sessionId: "s-test",
+            model: "m",
+            brokerCaCert: env.session.caCertPem
+          })
+          expect(guestConfig).not.toContain(env.secret)
+          expect(env.session.caCertPem).toMatch(
+            /^-----BEGIN CERTIFICATE-----[\s\S]*-----END CERTIFICATE-----\s*$/
+          )
+          expect(env.session.caCertPem).not.toContain("PRIVATE")
+
+          const log = yield* env.logEntries
+          const stat = yield* env.fs.stat(env.session.logPath)
+          expect(stat.mode & 0o777).toBe(0o600)
+          expect(
+            log.filter((e) => e.event === "open" && e.decision === "allow" && e.mode === "terminate")
+          ).toHaveLength(3)
+          expect(log.filter((e) => e.event === "request" && e.status === 200 && e.credential)).toHaveLength(2)
+          const closes = log.filter((e) => e.event === "close")
+          expect(closes).toHaveLength(3)
+          expect(closes.every((e) => (e.bytesUp ?? 0) > 0 && (e.bytesDown ?? 0) > 0)).toBe(true)
+          const text = formatBrokerLog(yield* readBrokerLog(env.session.logPath))
+          expect(text).toContain("credential injected")
+          expect(text).not.toContain(env.secret)
+        })
+      )
+  )
+
+  it.live("a secret file, read at request time, with a format", () =>
+    scoped(
+      Effect.gen(function* () {
+        const fs = yield* FileSystem.FileSystem
+        const secretDir = yield* fs.makeTempDirectoryScoped()
+        const secretFile = path.join(secretDir, "key")
+        const env = yield* setup({
+          policy: (port) => ({
+            format: 1,
+            allow: [{ host: NAME, ports: [port] }],
+            credentials: [{ host: NAME, header: "Authorization", fromFile: secretFile, format: "Bearer {}" }],
+            resolve: { [NAME]: "127.0.0.1" }
+          })
+        })
+        const get = Effect.gen(function* () {
+          const { socket, handshake } = yield* tlsThroughProxy(env, NAME)
+          expect(handshake).toBe("ok")
+          socket.write(
+            `GET /hello HTTP/1.1\r\nHost: ${NAME}\r\nAuthorization: Bearer abox-placeholder\r\nConnection: close\r\n\r\n`
+          )
+          return yield* readAll(socket)
+        })
+        const missing = yield* get
+        expect(missing).toMatch(/^HTTP\/1\.1 502/)
+        expect(missing).toContain("credential-unavailable")
+        yield* fs.writeFileString(secretFile, "file-secret-1\n")
+        const present = yield* get
+        expect(present).toMatch(/^HTTP\/1\.1 200/)
+        yield* fs.writeFileString(secretFile, "file-secret-2\n")
+        yield* get
+        expect(env.upstream.seen.map((s) => s.headers["authorization"])).toEqual([
+          "Bearer file-secret-1",
+          "Bearer file-secret-2"
+        ])
+      })
+    )
+  )
+
+  it.live.skipIf(!hasCurl)(
+    "a host without a credential rule is passed through as TCP (real certificate, nothing injected)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup({
+            policy: (port) => ({
+              format: 1,
+              allow: [{ host: NAME, ports: [port] }],
+              resolve: { [NAME]: "127.0.0.1" }
+            })
+          })
+          const url = `https://${NAME}:${env.upstream.port}/hello`
+          const viaUpstreamCa = yield* env.curl(
+            url,
+            ["-H", "x-api-key: abox-placeholder"],
+            env.upstreamCaFile
+          )
+          expect(viaUpstreamCa.stdout).toBe("hello from upstream\n\n200")
+          expect(env.upstream.seen[0]!.headers["x-api-key"]).toBe("abox-placeholder")
+          const log = yield* env.logEntries
+          expect(log.find((e) => e.event === "open")).toMatchObject({
+            decision: "allow",
+            mode: "passthrough",
+            credential: false,
+            address: "127.0.0.1"
+          })
+        })
+      )
+  )
+})
+
+describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () => {
+  const recordingDial = () => {
+    const dialled: Array<string> = []
+    const dial = (address: string, port: number): Promise<Duplex> => {
+      dialled.push(`${address}:${port}`)
+      const [a, b] = duplexPair()
+      b.resume()
+      return Promise.resolve(a)
+    }
+    return { dialled, dial }
+  }
+
+  const attackPolicy = (port: number, envVar: string): BrokerPolicyEncoded => ({
+    format: 1,
+    allow: [
+      { host: "allowed.com", ports: [443] },
+      { host: "*.github.com", ports: [443] },
+      { host: NAME, ports: [port] }
+    ],
+    credentials: [{ host: NAME, header: "x-api-key", fromEnv: envVar }],
+    resolve: { [NAME]: "127.0.0.1" }
+  })
+
+  it.live("hosts and ports outside the policy, IP literals in every spelling", () =>
+    scoped(
+      Effect.gen(function* () {
+        const { dialled, dial } = recordingDial()
+        const resolved: Array<string> = []
+        const env = yield* setup({
+          policy: attackPolicy,
+          broker: {
+            dial,
+            resolve: (host) => {
+              resolved.push(host)
+              return Promise.resolve(["93.184.215.14"])
+            }
+          }
+        })
+        const attacks: ReadonlyArray<readonly [string, number, string]> = [
+          ["allowed.com.evil.com", 443, "host-not-allowed"],
+          ["notallowed.com", 443, "host-not-allowed"],
+          ["evilallowed.com", 443, "host-not-allowed"],
+          ["github.com", 443, "host-not-allowed"],
+          ["evilgithub.com", 443, "host-not-allowed"],
+          ["allowed.com", 444, "port-not-allowed"],
+          ["allowed.com", 80, "port-not-allowed"],
+          ["api.github.com", 22, "port-not-allowed"],
+          [NAME, 443, "port-not-allowed"],
+          ["allowed.com:443@evil.com", 443, "ip-literal"],
+          ["allowed.com/evil", 443, "ip-literal"],
+          ["all owed.com", 443, "ip-literal"],
+          ["allowed..com", 443, "invalid-host"],
+          ["", 443, "invalid-host"],
+          ["allowed.com", 0, "invalid-port"],
+          ...[
+            "127.0.0.1",
+            "127.1",
+            "127.0.1",
+            "2130706433",
+            "0x7f000001",
+            "0177.0.0.1",
+            "0x7f.1",
+            "0x7f.0.0.1",
+            "017700000001",
+            "127.0.0.1.",
+            "%31%32%37.0.0.1",
+            "::1",
+            "[::1]",
+            "::ffff:127.0.0.1",
+            "[::ffff:127.0.0.1]",
+            "::ffff:7f00:1",
+            "[0:0:0:0:0:ffff:127.0.0.1]",
+            "fe80::1%eth0",
+            "[fe80::1%25eth0]",
+            "169.254.169.254",
+            "fd00:ec2::254",
+            "10.0.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "0.0.0.0",
+            "0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "8.8.8.8",
+            "[2606:4700:4700::1111]",
+            "1.2.3.999"
+          ].map((h) => [h, 443, "ip-literal"] as const)
+        ]
+        let channel = 1000
+        for (const [host, port, reason] of attacks) {
+          const tunnel = inMemoryTunnel(channel++, host, port)
+          yield* env.session.handle(tunnel.request)
+          const result = yield* Effect.promise(() => tunnel.result)
+          expect({ host, port, result }).toEqual({ host, port, result: { ok: false, reason } })
+        }
+        expect(dialled).toEqual([])
+        expect(resolved).toEqual([])
+        const log = yield* env.logEntries
+        expect(log).toHaveLength(attacks.length)
+        expect(log.every((e) => e.event === "open" && e.decision === "deny")).toBe(true)
+        expect(log.map((e) => e.reason)).toEqual(attacks.map((a) => a[2]))
+
+        // through the real proxy, raw CONNECT lines: 403 with the reason
+        for (const target of [
+          "[::ffff:127.0.0.1]:443",
+          "2130706433:443",
+          `${NAME}:1`,
+          "allowed.com.evil.com:443"
+        ]) {
+          const opened = yield* Effect.promise(() => connectThroughProxy(env.proxy.port, target))
+          expect(opened.ok).toBe(false)
+          if (!opened.ok) expect(opened.status).toBe(403)
+        }
+        expect(dialled).toEqual([])
+      })
+    )
+  )
+
+  it.live(
+    "names resolving to private addresses are refused; a rebinding resolver cannot move the dialled address",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const { dialled, dial } = recordingDial()
+          const answers: Record<string, Array<ReadonlyArray<string>>> = {
+            "rebind.allowed.com": [["93.184.215.14"], ["127.0.0.1"]],
+            "mixed.allowed.com": [["93.184.215.14", "10.0.0.7"]],
+            "private.allowed.com": [["192.168.0.10"]],
+            "metadata.allowed.com": [["169.254.169.254"]],
+            "mapped.allowed.com": [["::ffff:127.0.0.1"]],
+            "ula.allowed.com": [["fd12:3456::1"]],
+            "nothing.allowed.com": [[]]
+          }
+          const lookups: Array<string> = []
+          const env = yield* setup({
+            policy: () => ({ format: 1, allow: [{ host: "*.allowed.com", ports: [443] }] }),
+            broker: {
+              dial,
+              resolve: (host) => {
+                lookups.push(host)
+                const queue = answers[host]!
+                return Promise.resolve(queue.length > 1 ? queue.shift()! : queue[0]!)
+              }
+            }
+          })
+          const open = (host: string) =>
+            Effect.gen(function* () {
+              const tunnel = inMemoryTunnel(1, host, 443)
+              const fiber = yield* Effect.fork(env.session.handle(tunnel.request))
+              const result = yield* Effect.promise(() => tunnel.result)
+              if (result.ok) result.stream.end()
+              yield* fiber.await
+              return result.ok ? "accepted" : result.reason
+            })
+          expect(yield* open("rebind.allowed.com")).toBe("accepted")
+          expect(dialled).toEqual(["93.184.215.14:443"])
+          expect(lookups).toEqual(["rebind.allowed.com"]) // resolved once, dialled what was checked
+          expect(yield* open("rebind.allowed.com")).toBe("address-loopback")
+          expect(yield* open("mixed.allowed.com")).toBe("address-private")
+          expect(yield* open("private.allowed.com")).toBe("address-private")
+          expect(yield* open("metadata.allowed.com")).toBe("address-metadata")
+          expect(yield* open("mapped.allowed.com")).toBe("address-loopback")
+          expect(yield* open("ula.allowed.com")).toBe("address-private")
+          expect(yield* open("nothing.allowed.com")).toBe("resolve-failed")
+          expect(dialled).toEqual(["93.184.215.14:443"])
+          const log = yield* env.logEntries
+          expect(log.filter((e) => e.decision === "deny").map((e) => e.reason)).toEqual([
+            "address-loopback",
+            "address-private",
+            "address-private",
+            "address-metadata",
+            "address-loopback",
+            "address-private",
+            "resolve-failed"
+          ])
+        })
+      )
+  )
+
+  it.live(
+    "SNI or Host different from the tunnel's host on a credential host: refused, logged, nothing upstream",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          // SNI names another host: no certificate, handshake refused
+          const badSni = yield* tlsThroughProxy(env, "other.local")
+          expect(badSni.handshake).not.toBe("ok")
+          badSni.socket.destroy()
+          // SNI right, Host header names another host
+          const badHost = yield* tlsThroughProxy(env, NAME)
+          expect(badHost.handshake).toBe("ok")
+          badHost.socket.write(`GET /hello HTTP/1.1\r\nHost: other.local\r\nConnection: close\r\n\r\n`)
+          const answer = yield* readAll(badHost.socket)
+          expect(answer).toMatch(/^HTTP\/1\.1 421/)
+          expect(answer).not.toContain(env.secret)
+          // no Host at all (HTTP/1.0)
+          const noHost = yield* tlsThroughProxy(env, NAME)
+          noHost.socket.write(`GET /hello HTTP/1.0\r\n\r\n`)
+          expect(yield* readAll(noHost.socket)).toMatch(/^HTTP\/1\.1 421/)
+          expect(env.upstream.seen).toHaveLength(0)
+          const reasons = (yield* env.logEntries).filter((e) => e.decision === "deny").map((e) => e.reason)
+          expect(reasons).toEqual(["sni-mismatch", "host-mismatch", "host-mismatch"])
+        })
+      )
+  )
+
+  it.live(
+    "oversized request headers get 431; a slow client is cut off at the bound; a slow CONNECT too",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup({ broker: { headTimeout: "300 millis" }, proxyHeadTimeoutMs: 300 })
+          const big = yield* tlsThroughProxy(env, NAME)
+          big.socket.write(`GET /hello HTTP/1.1\r\nHost: ${NAME}\r\nX-Big: ${"a".repeat(70 * 1024)}\r\n\r\n`)
+          expect(yield* readAll(big.socket)).toMatch(/^HTTP\/1\.1 431/)
+
+          const slow = yield* tlsThroughProxy(env, NAME)
+          const started = Date.now()
+          slow.socket.write(`GET /hello HTTP/1.1\r\nHost: ${NAME}\r\n`)
+          const slowAnswer = yield* readAll(slow.socket)
+          const waited = Date.now() - started
+          expect(slowAnswer).toBe("")
+          expect(waited).toBeGreaterThanOrEqual(250)
+          expect(waited).toBeLessThan(5000)
+          expect(env.upstream.seen).toHaveLength(0)
+
+          const slowConnect = yield* Effect.promise(async () => {
+            const { connect } = await import("node:net")
+            const socket = connect({ host: "127.0.0.1", port: env.proxy.port })
+            socket.write("CONNECT test.lo")
+            return socket
+          })
+          expect(yield* readAll(slowConnect)).toMatch(/^HTTP\/1\.1 408/)
+
+          const reasons = (yield* env.logEntries).filter((e) => e.decision === "deny").map((e) => e.reason)
+          expect(reasons).toEqual(["header-too-large", "head-timeout"])
+        })
+      )
+  )
+
+  it.live("a bounded number of concurrent tunnels per session", () =>
+    scoped(
+      Effect.gen(function* () {
+        const { dial } = recordingDial()
+        const env = yield* setup({
+          policy: () => ({ format: 1, allow: [{ host: "allowed.com", ports: [443] }] }),
+          broker: { dial, maxTunnels: 2, resolve: () => Promise.resolve(["93.184.215.14"]) }
+        })
+        const tunnels = [1, 2, 3].map((c) => inMemoryTunnel(c, "allowed.com", 443))
+        const fibers = []
+        for (const t of tunnels) fibers.push(yield* Effect.forkScoped(env.session.handle(t.request)))
+        const results = yield* Effect.promise(() => Promise.all(tunnels.map((t) => t.result)))
+        expect(results.map((r) => (r.ok ? "ok" : r.reason))).toEqual(["ok", "ok", "too-many-tunnels"])
+        expect(yield* env.session.active).toBe(2)
+        for (const r of results) if (r.ok) r.stream.end()
+        // once the first two have closed, a new tunnel is admitted again
+        for (const fiber of fibers) yield* Fiber.join(fiber)
+        expect(yield* env.session.active).toBe(0)
+        const fourth = inMemoryTunnel(4, "allowed.com", 443)
+        yield* Effect.forkScoped(env.session.handle(fourth.request))
+        expect((yield* Effect.promise(() => fourth.result)).ok).toBe(true)
+      })
+    )
+  )
+})

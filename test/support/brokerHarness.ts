@@ -1,0 +1,179 @@
+/**
+ * Host-side harness for the broker: an in-memory tunnel pair standing in for a protocol v4
+ * channel, a TunnelRequest built on it, and an HTTPS upstream on 127.0.0.1 with its own CA.
+ */
+import * as Effect from "effect/Effect"
+import * as Stream from "effect/Stream"
+import * as https from "node:https"
+import type * as net from "node:net"
+import { Duplex } from "node:stream"
+import type { TunnelOpenResult } from "../../src/guest/connectProxy.js"
+import { makeSessionCa } from "../../src/lib/broker/ca.js"
+import { GuestDisconnected, type TunnelRequest } from "../../src/services/GuestRpc.js"
+
+/** Two connected in-memory Duplex ends with backpressure; `end()` on one is EOF on the other. */
+export const duplexPair = (): [Duplex, Duplex] => {
+  const sides: Array<Duplex> = []
+  const pending: Array<(() => void) | undefined> = [undefined, undefined]
+  const make = (self: number): Duplex => {
+    const other = 1 - self
+    return new Duplex({
+      allowHalfOpen: false,
+      read() {
+        // the other side may write again
+        const wake = pending[other]
+        pending[other] = undefined
+        wake?.()
+      },
+      write(chunk: Buffer, _encoding, callback) {
+        const peer = sides[other]!
+        if (peer.destroyed) return callback(new Error("peer closed"))
+        if (peer.push(chunk)) callback()
+        else pending[self] = () => callback()
+      },
+      final(callback) {
+        const peer = sides[other]!
+        if (!peer.destroyed) peer.push(null)
+        callback()
+      },
+      destroy(error, callback) {
+        const peer = sides[other]!
+        if (!peer.destroyed && !peer.readableEnded) peer.push(null)
+        const wake = pending[self]
+        pending[self] = undefined
+        wake?.()
+        callback(error)
+      }
+    })
+  }
+  sides.push(make(0), make(1))
+  return [sides[0]!, sides[1]!]
+}
+
+/**
+ * A TunnelRequest whose channel is an in-memory pair: `result` settles with the guest end of
+ * the pair when the broker accepts, or with its reason when it denies.
+ */
+export const inMemoryTunnel = (channel: number, host: string, port: number) => {
+  const [guestSide, hostSide] = duplexPair()
+  let settle: (result: TunnelOpenResult) => void = () => undefined
+  const result = new Promise<TunnelOpenResult>((resolve) => {
+    settle = resolve
+  })
+  const request: TunnelRequest = {
+    channel,
+    host,
+    port,
+    accept: () =>
+      Effect.sync(() => {
+        settle({ ok: true, stream: guestSide })
+        return {
+          read: Stream.fromAsyncIterable(
+            hostSide as AsyncIterable<Buffer>,
+            () => new GuestDisconnected({ message: "tunnel channel closed" })
+          ),
+          write: (chunk: Uint8Array) =>
+            Effect.async<void, GuestDisconnected>((resume) => {
+              hostSide.write(chunk, (error) =>
+                resume(
+                  error
+                    ? Effect.fail(new GuestDisconnected({ message: "tunnel channel closed" }))
+                    : Effect.void
+                )
+              )
+            }),
+          close: Effect.sync(() => {
+            hostSide.end()
+          })
+        }
+      }),
+    deny: (reason: string) => Effect.sync(() => settle({ ok: false, reason }))
+  }
+  return { request, result }
+}
+
+export interface UpstreamRequest {
+  readonly method: string
+  readonly url: string
+  readonly headers: Readonly<Record<string, string | ReadonlyArray<string> | undefined>>
+}
+
+/**
+ * An HTTPS server on 127.0.0.1 for `name`, with a certificate from its own test CA. Routes:
+ * `/hello` → "hello from upstream"; `/bytes?n=N` → N bytes; anything else → 404. Records every
+ * request (headers included) for assertions; never echoes a header back.
+ */
+export const startUpstream = async (name: string) => {
+  const ca = await makeSessionCa({ commonName: "abox test upstream CA" })
+  const leaf = ca.leaf(name)
+  const seen: Array<UpstreamRequest> = []
+  const chunk = Buffer.alloc(64 * 1024, 0x61)
+  const server = https.createServer({ cert: leaf.certPem, key: leaf.keyPem, keepAlive: true }, (req, res) => {
+    seen.push({ method: req.method ?? "", url: req.url ?? "", headers: { ...req.headers } })
+    const url = new URL(req.url ?? "/", "https://upstream")
+    req.resume()
+    if (url.pathname === "/hello") {
+      res.writeHead(200, { "content-type": "text/plain" })
+      res.end("hello from upstream\n")
+    } else if (url.pathname === "/bytes") {
+      let left = Number(url.searchParams.get("n") ?? "0")
+      res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(left) })
+      const pump = () => {
+        while (left > 0) {
+          const n = Math.min(left, chunk.length)
+          left -= n
+          if (!res.write(n === chunk.length ? chunk : chunk.subarray(0, n)))
+            return void res.once("drain", pump)
+        }
+        res.end()
+      }
+      pump()
+    } else {
+      res.writeHead(404)
+      res.end()
+    }
+  })
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()))
+  const port = (server.address() as net.AddressInfo).port
+  return {
+    port,
+    caPem: ca.certPem,
+    seen,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections()
+        server.close(() => resolve())
+      })
+  }
+}
+
+/** Open a CONNECT tunnel through the proxy; resolves with the socket after the 200, or the refusal. */
+export const connectThroughProxy = (proxyPort: number, target: string) =>
+  new Promise<{ ok: true; socket: net.Socket } | { ok: false; status: number; head: string }>(
+    (resolve, reject) => {
+      import("node:net").then(({ connect }) => {
+        const socket = connect({ host: "127.0.0.1", port: proxyPort })
+        let buffered = Buffer.alloc(0)
+        socket.on("error", reject)
+        socket.on("connect", () => socket.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`))
+        const onData = (chunk: Buffer) => {
+          buffered = Buffer.concat([buffered, chunk])
+          const end = buffered.indexOf("\r\n\r\n")
+          if (end < 0) return
+          socket.off("data", onData)
+          const head = buffered.subarray(0, end).toString("latin1")
+          const status = Number(head.split(" ")[1])
+          if (status === 200) {
+            socket.pause()
+            const rest = buffered.subarray(end + 4)
+            if (rest.length > 0) socket.unshift(rest)
+            resolve({ ok: true, socket })
+          } else {
+            socket.destroy()
+            resolve({ ok: false, status, head })
+          }
+        }
+        socket.on("data", onData)
+      }, reject)
+    }
+  )
