@@ -1,5 +1,6 @@
 import * as Command from "@effect/cli/Command"
 import pkg from "../../package.json" with { type: "json" }
+import { image } from "./commands/image.js"
 import { list } from "./commands/list.js"
 import { name } from "./commands/name.js"
 import { rm } from "./commands/rm.js"
@@ -7,7 +8,7 @@ import { scrub } from "./commands/scrub.js"
 import { show } from "./commands/show.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
-const subcommands = [list, show, name, rm, scrub] as const
+const subcommands = [list, show, name, rm, scrub, image] as const
 
 export const abox = Command.make("abox").pipe(
   Command.withDescription("run an AI coding agent inside a VM session"),

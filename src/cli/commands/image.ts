@@ -1,0 +1,105 @@
+import * as Args from "@effect/cli/Args"
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import type { RegisteredImage } from "../../lib/images.js"
+import { buildImage, imageList, imageRemove } from "../../programs/image.js"
+import { edge, printJson } from "../render.js"
+
+const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
+
+const short = (digest: string) => digest.slice(0, 12)
+
+const row = (image: RegisteredImage) =>
+  `${image.meta.name}@${short(image.meta.digest)}${image.isDefault ? " (default)" : ""}  ${image.meta.variant} ${image.meta.arch}  ` +
+  `kernel ${image.meta.kernel}  node ${image.meta.node}  agent ${short(image.meta.agent)}  protocol ${image.meta.protocol}  ${image.meta.created}`
+
+const rowJson = (image: RegisteredImage) => ({ ...image.meta, dir: image.dir, default: image.isDefault })
+
+const build = Command.make(
+  "build",
+  {
+    arch: Options.choice("arch", ["x86_64", "aarch64"]).pipe(
+      Options.withDefault(process.arch === "arm64" ? ("aarch64" as const) : ("x86_64" as const)),
+      Options.withDescription("guest architecture")
+    ),
+    variant: Options.choice("variant", ["small", "full"]).pipe(
+      Options.withDefault("small" as const),
+      Options.withDescription("small: busybox + node (default); full: Debian minbase + git, curl + node")
+    ),
+    name: Options.text("name").pipe(
+      Options.optional,
+      Options.withDescription("image name (default abox / abox-full)")
+    ),
+    agent: Options.file("agent").pipe(
+      Options.optional,
+      Options.withDescription("guest-agent bundle (default dist/abox-guest.js next to the CLI)")
+    ),
+    noDefault: Options.boolean("no-default").pipe(
+      Options.withDescription("register without making it the default")
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const image = yield* buildImage({
+          arch: args.arch,
+          variant: args.variant,
+          name: Option.getOrUndefined(args.name),
+          agent: Option.getOrUndefined(args.agent),
+          makeDefault: !args.noDefault
+        })
+        if (args.json) yield* printJson({ image: rowJson(image) })
+        else yield* Console.log(`registered ${row(image)}\n  ${image.dir}`)
+      }).pipe(Effect.provide(NodeCommandExecutor.layer))
+    )
+).pipe(
+  Command.withDescription("build a golden image from Debian packages and the npm registry, and register it")
+)
+
+const list = Command.make("list", { json }, (args) =>
+  edge({ json: args.json, scrub: false })(
+    Effect.gen(function* () {
+      const { images, problems } = yield* imageList()
+      if (args.json) {
+        yield* printJson({ images: images.map((image) => rowJson(image)), problems })
+        return
+      }
+      yield* Console.log(
+        images.length === 0 ? "no images (abox image build)" : images.map((image) => row(image)).join("\n")
+      )
+      for (const problem of problems) yield* Console.error(`abox: skipped ${problem}`)
+    })
+  )
+).pipe(Command.withDescription("list registered golden images"))
+
+const rm = Command.make(
+  "rm",
+  {
+    ref: Args.text({ name: "name@digest" }).pipe(
+      Args.withDescription("the image (a digest prefix of 8+ works)")
+    ),
+    force: Options.boolean("force").pipe(Options.withDescription("remove even the default image")),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const image = yield* imageRemove(args.ref, args.force)
+        if (args.json) yield* printJson({ removed: rowJson(image) })
+        else
+          yield* Console.log(
+            `removed ${image.meta.name}@${short(image.meta.digest)} (sessions are untouched)`
+          )
+      })
+    )
+).pipe(Command.withDescription("remove a golden image (never a session)"))
+
+export const image = Command.make("image").pipe(
+  Command.withDescription("golden images: build, list, rm"),
+  Command.withSubcommands([build, list, rm])
+)
