@@ -1,0 +1,38 @@
+/**
+ * `npm run bench`: builds, then prints one JSON object of named figures. Each figure is a
+ * ratio against a floor measured in the same run (medians of BENCH_RUNS runs, default 7).
+ * To add a figure: a file under bench/ exporting `(ctx: BenchContext) => Promise<Figure>`,
+ * and one line in `figures` below.
+ */
+import * as fs from "node:fs"
+import { type BenchContext, type Figure, tempRoot } from "./lib.js"
+import { listVsFloor } from "./list.js"
+import { scrubOverhead } from "./scrub.js"
+
+const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
+  ["listVsFloor", listVsFloor],
+  ["scrubOverhead", scrubOverhead]
+]
+
+const only = process.argv.slice(2)
+const ctx: BenchContext = { runs: Number(process.env.BENCH_RUNS ?? 7), tmp: tempRoot() }
+const results: Record<string, Figure | { readonly error: string }> = {}
+try {
+  for (const [name, figure] of figures) {
+    if (only.length > 0 && !only.includes(name)) continue
+    try {
+      results[name] = await figure(ctx)
+    } catch (error) {
+      results[name] = { error: error instanceof Error ? error.message : String(error) }
+    }
+  }
+} finally {
+  fs.rmSync(ctx.tmp, { recursive: true, force: true })
+}
+process.stdout.write(
+  JSON.stringify(
+    { node: process.version, cpus: (await import("node:os")).cpus().length, figures: results },
+    null,
+    2
+  ) + "\n"
+)
