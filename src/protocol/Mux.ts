@@ -66,6 +66,29 @@ const encodeControl = Schema.encodeSync(Schema.parseJson(ControlMessage))
 const utf8 = new TextDecoder("utf-8", { fatal: true })
 const utf8Encoder = new TextEncoder()
 
+/** the payload of a CONTROL frame: UTF-8 JSON of the Schema-encoded message (throws on an invalid one) */
+export const encodeControlPayload = (message: ControlMessage): Uint8Array =>
+  utf8Encoder.encode(encodeControl(message))
+
+/** a CONTROL frame's payload as a message, or the reason it is not one */
+export const decodeControlPayload = (payload: Uint8Array): Either.Either<ControlMessage, MuxError> => {
+  let text: string
+  try {
+    text = utf8.decode(payload)
+  } catch (cause) {
+    return Either.left(new MuxError("control frame is not UTF-8", { cause }))
+  }
+  const decoded = decodeControl(text)
+  if (Either.isLeft(decoded)) {
+    return Either.left(
+      new MuxError(`invalid control message: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`, {
+        cause: decoded.left
+      })
+    )
+  }
+  return Either.right(decoded.right)
+}
+
 /** small frames are written as one buffer; bigger ones as header + payload (corked: one writev) */
 const CONCAT_BELOW = 16 * 1024
 
@@ -322,13 +345,12 @@ export class Mux {
 
   /** resolves when handed to the stream (after its backpressure, if any) */
   sendControl(message: ControlMessage): Promise<void> {
-    let json: string
+    let payload: Uint8Array
     try {
-      json = encodeControl(message)
+      payload = encodeControlPayload(message)
     } catch (cause) {
       return Promise.reject(new MuxError(`invalid control message: ${String(cause)}`, { cause }))
     }
-    const payload = utf8Encoder.encode(json)
     if (payload.length > MAX_FRAME_PAYLOAD) {
       return Promise.reject(
         new MuxError(`control message of ${payload.length} bytes exceeds ${MAX_FRAME_PAYLOAD}`)
@@ -483,19 +505,8 @@ export class Mux {
 
   private onFrame(frame: Frame): MuxError | undefined {
     if (frame.kind === FrameKind.Control) {
-      let text: string
-      try {
-        text = utf8.decode(frame.payload)
-      } catch (cause) {
-        return new MuxError("control frame is not UTF-8", { cause })
-      }
-      const decoded = decodeControl(text)
-      if (Either.isLeft(decoded)) {
-        return new MuxError(
-          `invalid control message: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`,
-          { cause: decoded.left }
-        )
-      }
+      const decoded = decodeControlPayload(frame.payload)
+      if (Either.isLeft(decoded)) return decoded.left
       const problem = this.noteIncoming(decoded.right)
       if (problem !== undefined) return problem
       this.controlQueue.push(decoded.right)
