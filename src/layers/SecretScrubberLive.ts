@@ -1,0 +1,232 @@
+import * as FileSystem from "@effect/platform/FileSystem"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Layer from "effect/Layer"
+import * as Schema from "effect/Schema"
+import { createHash } from "node:crypto"
+import * as path from "node:path"
+import { writeFileAtomic } from "../lib/atomicFile.js"
+import { findSecretsInBytes, kindsOf, redactBytes, scrubJson, type SecretSpan } from "../lib/secrets.js"
+import {
+  CONFIG_DISK_HEADER,
+  CONFIG_DISK_LAYOUT,
+  CONFIG_DISK_MAGIC,
+  CONFIG_DISK_MAX_JSON,
+  decodeConfigDisk,
+  encodeConfigDisk
+} from "../protocol/ConfigDisk.js"
+import { GuestConfig } from "../protocol/GuestConfig.js"
+import { AboxPaths } from "../services/AboxPaths.js"
+import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services/SecretScrubber.js"
+
+/**
+ * The secret scrubber, run on every start over `config.raw` and `guest-config.json` of every
+ * session in both homes.
+ *
+ * - Clean path: each file is read once and scanned once (`findSecretsInBytes`, a prefilter and
+ *   a few regexes); a clean file is never written. No cache: reading and scanning ~2,000 small
+ *   files is cheap enough (measured in the report of test/scrub.perf.test.ts).
+ * - config.raw that decodes: rewritten through `encodeConfigDisk` from the decoded GuestConfig
+ *   (which drops unknown fields) with secrets inside its strings redacted; fresh zero padding.
+ *   One that does not decode (older layouts, foreign content): redacted in place, same length,
+ *   so no offset moves; when its header and checksum were valid, the checksum is recomputed.
+ * - guest-config.json that parses as JSON: secret-named fields removed at any depth, secrets
+ *   inside strings redacted (same length), everything else kept in order, written the way abox
+ *   writes JSON (2-space indent, trailing newline). Not JSON: redacted in place at byte level.
+ * - After either route the output is scanned again; anything left is redacted at byte level, so
+ *   no recognised secret survives whatever the route.
+ * - Every change is one atomic replace (`writeFileAtomic`: temp file, fsync, rename, directory
+ *   fsync): a crash leaves the old file or the new one. Nothing is ever deleted.
+ * - `dryRun`: nothing is written; a finding lists what would change, with `changed: false`.
+ *   Outside a dry run, `changed` says the file was replaced.
+ */
+
+export const SCRUBBED_FILES = ["config.raw", "guest-config.json"] as const
+
+export interface FileScrub {
+  /** the bytes the file should hold (the input itself when clean) */
+  readonly bytes: Uint8Array
+  readonly kinds: ReadonlyArray<string>
+  readonly count: number
+  readonly changed: boolean
+}
+
+const sameBytes = (a: Uint8Array, b: Uint8Array): boolean =>
+  a.byteLength === b.byteLength && Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(b)
+
+const clean = (bytes: Uint8Array): FileScrub => ({ bytes, kinds: [], count: 0, changed: false })
+
+const finish = (
+  original: Uint8Array,
+  spans: ReadonlyArray<SecretSpan>,
+  candidate: Uint8Array,
+  fallback: (bytes: Uint8Array, spans: ReadonlyArray<SecretSpan>) => Uint8Array
+): FileScrub => {
+  const left = findSecretsInBytes(candidate)
+  const bytes = left.length === 0 ? candidate : fallback(candidate, left)
+  return { bytes, kinds: kindsOf(spans), count: spans.length, changed: !sameBytes(bytes, original) }
+}
+
+/** the JSON region of a config disk whose header and checksum are valid, else undefined */
+const validJsonRegion = (bytes: Uint8Array): readonly [number, number] | undefined => {
+  const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  if (buffer.length < CONFIG_DISK_HEADER || !buffer.subarray(0, 8).equals(CONFIG_DISK_MAGIC)) return undefined
+  if (buffer.readUInt32BE(8) !== CONFIG_DISK_LAYOUT) return undefined
+  const length = buffer.readUInt32BE(12)
+  if (length > CONFIG_DISK_MAX_JSON || CONFIG_DISK_HEADER + length > buffer.length) return undefined
+  const json = buffer.subarray(CONFIG_DISK_HEADER, CONFIG_DISK_HEADER + length)
+  return createHash("sha256").update(json).digest().equals(buffer.subarray(16, 48))
+    ? [CONFIG_DISK_HEADER, CONFIG_DISK_HEADER + length]
+    : undefined
+}
+
+/** same-length redaction of a config disk; a valid header stays valid (checksum recomputed) */
+const redactConfigDisk = (bytes: Uint8Array, spans: ReadonlyArray<SecretSpan>): Uint8Array => {
+  const region = validJsonRegion(bytes)
+  if (region === undefined) return redactBytes(bytes, spans)
+  const clipped = spans
+    .map((span) => ({ ...span, start: Math.max(span.start, CONFIG_DISK_HEADER) }))
+    .filter((span) => span.end > span.start)
+  const out = redactBytes(bytes, clipped)
+  createHash("sha256").update(out.subarray(region[0], region[1])).digest().copy(out, 16)
+  return out
+}
+
+const decodeGuestConfig = Schema.decodeUnknownEither(GuestConfig)
+
+/** what a scrub does to one config.raw (pure: bytes in, bytes out) */
+export const scrubConfigDisk = (bytes: Uint8Array): FileScrub => {
+  const spans = findSecretsInBytes(bytes)
+  if (spans.length === 0) return clean(bytes)
+  const decoded = decodeConfigDisk(bytes)
+  const rescrubbed = Either.isRight(decoded) ? decodeGuestConfig(scrubJson(decoded.right).value) : undefined
+  const candidate =
+    rescrubbed !== undefined && Either.isRight(rescrubbed)
+      ? encodeConfigDisk(rescrubbed.right)
+      : redactConfigDisk(bytes, spans)
+  return finish(bytes, spans, candidate, redactConfigDisk)
+}
+
+const decodeJsonText = Schema.decodeUnknownEither(Schema.parseJson())
+const utf8 = new TextDecoder("utf-8", { fatal: true })
+
+const decodeUtf8 = (bytes: Uint8Array): string | undefined => {
+  try {
+    return utf8.decode(bytes)
+  } catch {
+    return undefined
+  }
+}
+
+/** what a scrub does to one guest-config.json (pure) */
+export const scrubGuestConfigJson = (bytes: Uint8Array): FileScrub => {
+  const spans = findSecretsInBytes(bytes)
+  if (spans.length === 0) return clean(bytes)
+  const text = decodeUtf8(bytes)
+  const parsed = text === undefined ? undefined : decodeJsonText(text)
+  const candidate =
+    parsed !== undefined && Either.isRight(parsed)
+      ? Buffer.from(JSON.stringify(scrubJson(parsed.right).value, null, 2) + "\n", "utf8")
+      : redactBytes(bytes, spans)
+  return finish(bytes, spans, candidate, redactBytes)
+}
+
+const scrubberFor: Record<(typeof SCRUBBED_FILES)[number], (bytes: Uint8Array) => FileScrub> = {
+  "config.raw": scrubConfigDisk,
+  "guest-config.json": scrubGuestConfigJson
+}
+
+const reasonOf = (error: { readonly message: string }): string => error.message
+
+export const SecretScrubberLive = Layer.effect(
+  SecretScrubber,
+  Effect.gen(function* () {
+    const paths = yield* AboxPaths
+    const fs = yield* FileSystem.FileSystem
+
+    const scrub = Effect.fn("SecretScrubber.scrub")(function* (options: { readonly dryRun: boolean }) {
+      const findings: Array<ScrubFinding> = []
+      const problems: Array<{ path: string; reason: string }> = []
+      let sessionsScanned = 0
+      let filesScanned = 0
+
+      const scrubFile = (file: string, sessionId: string, legacy: boolean) =>
+        fs.readFile(file).pipe(
+          Effect.flatMap((bytes) => {
+            filesScanned++
+            const result = scrubberFor[path.basename(file) as (typeof SCRUBBED_FILES)[number]](bytes)
+            if (result.count === 0 && !result.changed) return Effect.void
+            const finding = { path: file, sessionId, legacy, kinds: result.kinds, count: result.count }
+            if (options.dryRun || !result.changed) {
+              findings.push({ ...finding, changed: false })
+              return Effect.void
+            }
+            return writeFileAtomic(file, result.bytes, 0o600).pipe(
+              Effect.matchEffect({
+                onFailure: (error) =>
+                  Effect.sync(() => {
+                    findings.push({ ...finding, changed: false })
+                    problems.push({ path: file, reason: `cannot replace: ${error.message}` })
+                  }),
+                onSuccess: () => Effect.sync(() => findings.push({ ...finding, changed: true }))
+              })
+            )
+          }),
+          Effect.catchTag("SystemError", (error) =>
+            // a session without this file is fine; anything else is reported and skipped
+            error.reason === "NotFound"
+              ? Effect.void
+              : Effect.sync(() => problems.push({ path: file, reason: reasonOf(error) }))
+          ),
+          Effect.catchTag("BadArgument", (error) =>
+            Effect.sync(() => problems.push({ path: file, reason: reasonOf(error) }))
+          )
+        )
+
+      const scrubSession = (home: string, sessionId: string, legacy: boolean) =>
+        Effect.gen(function* () {
+          const dir = path.join(home, sessionId)
+          const info = yield* fs.stat(dir).pipe(Effect.option)
+          if (info._tag === "None" || info.value.type !== "Directory") return
+          sessionsScanned++
+          for (const name of SCRUBBED_FILES) yield* scrubFile(path.join(dir, name), sessionId, legacy)
+        })
+
+      const scrubHome = (home: string, legacy: boolean) =>
+        fs.readDirectory(home).pipe(
+          Effect.flatMap((entries) =>
+            Effect.forEach(
+              entries.filter((entry) => !entry.startsWith(".")).sort(),
+              (entry) => scrubSession(home, entry, legacy),
+              { concurrency: 8, discard: true }
+            )
+          ),
+          Effect.catchTag("SystemError", (error) =>
+            error.reason === "NotFound"
+              ? Effect.void
+              : Effect.sync(() => problems.push({ path: home, reason: reasonOf(error) }))
+          ),
+          Effect.catchTag("BadArgument", (error) =>
+            Effect.sync(() => problems.push({ path: home, reason: reasonOf(error) }))
+          )
+        )
+
+      yield* scrubHome(paths.sessions, false)
+      if (path.resolve(paths.legacySessions) !== path.resolve(paths.sessions))
+        yield* scrubHome(paths.legacySessions, true)
+
+      const byPath = (a: { readonly path: string }, b: { readonly path: string }) =>
+        a.path.localeCompare(b.path)
+      const report: ScrubReport = {
+        dryRun: options.dryRun,
+        sessionsScanned,
+        filesScanned,
+        findings: findings.sort(byPath),
+        problems: problems.sort(byPath)
+      }
+      return report
+    })
+
+    return SecretScrubber.of({ scrub })
+  })
+)
