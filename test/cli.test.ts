@@ -143,6 +143,28 @@ describe("abox CLI (built bundle, real processes)", () => {
     expect(fs.existsSync(path.join(home, "names", "ghost.json"))).toBe(false)
   })
 
+  it("every command scrubs first (unless ABOX_SKIP_SCRUB=1); scrub --dry-run changes nothing", () => {
+    const { home, sessions } = setup()
+    const file = path.join(sessions, A, "guest-config.json")
+    const secret = "sk-ant-api03-" + "Q".repeat(80)
+    const dirty = JSON.stringify({ format: 1, sessionId: A, model: "default", apiKey: secret })
+    fs.writeFileSync(file, dirty, { mode: 0o600 })
+    const dry = runCli(home, ["scrub", "--dry-run", "--json"])
+    expect(dry.code).toBe(0)
+    expect(dry.stdout).not.toContain(secret)
+    const findings = (parse(dry.stdout).report as { findings: Array<{ path: string; changed: boolean }> })
+      .findings
+    expect(findings.map((f) => [f.path, f.changed])).toEqual([[file, false]])
+    expect(fs.readFileSync(file, "utf8")).toBe(dirty)
+    expect(runCli(home, ["list"], { ABOX_SKIP_SCRUB: "1" }).code).toBe(0)
+    expect(fs.readFileSync(file, "utf8")).toBe(dirty)
+    const listed = runCli(home, ["list", "--json"])
+    expect(listed.code).toBe(0)
+    expect(listed.stderr).toContain("removed leftover secrets from 1 file")
+    expect(fs.readFileSync(file, "utf8")).not.toContain(secret)
+    expect(fs.existsSync(path.join(sessions, A, "session.json"))).toBe(true)
+  })
+
   it("scrub --dry-run and --json report without changing session files", () => {
     const { home, sessions } = setup()
     const file = path.join(sessions, A, "session.json")
