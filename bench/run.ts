@@ -5,13 +5,17 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
+import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { listVsFloor } from "./list.js"
 import { scrubOverhead } from "./scrub.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
   ["listVsFloor", listVsFloor],
-  ["scrubOverhead", scrubOverhead]
+  ["scrubOverhead", scrubOverhead],
+  ["brokerDownload", brokerDownload],
+  ["brokerDownloadPassthrough", brokerDownloadPassthrough],
+  ["brokerRequests", brokerRequests]
 ]
 
 const only = process.argv.slice(2)
