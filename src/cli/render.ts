@@ -79,7 +79,7 @@ export const startupScrub = Effect.gen(function* () {
       `abox: the secret scrub could not check ${report.problems.length} file(s) (abox scrub --json)`
     )
   }
-}).pipe(Effect.orElseSucceed(() => undefined))
+})
 
 /**
  * The edge of every command: the start-up scrub (unless `scrub: false`), then the body; a
@@ -93,9 +93,12 @@ export const edge =
       return yield* body
     }).pipe(
       Effect.catchAll((error) =>
-        renderError(error, options.json).pipe(
-          Effect.zipRight(Effect.fail(new CliExit({ code: exitCodeFor(error._tag), tag: error._tag })))
-        )
+        // a CliExit is an outcome already shown (e.g. `abox run` exiting with the turn's status)
+        error instanceof CliExit
+          ? Effect.fail(error)
+          : renderError(error, options.json).pipe(
+              Effect.zipRight(Effect.fail(new CliExit({ code: exitCodeFor(error._tag), tag: error._tag })))
+            )
       )
     )
 

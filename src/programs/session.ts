@@ -49,7 +49,13 @@ export interface BootOptions {
   readonly agent?: ReadonlyArray<string> | undefined
   /** test images only: the guest ignores shutdown, so Close takes the bounded kill path */
   readonly ignoreShutdown?: boolean | undefined
+  /** told as each phase of Open/Resume begins (the CLI's step display) */
+  readonly onPhase?: ((phase: Phase) => Effect.Effect<void>) | undefined
 }
+
+export type Phase = "snapshot" | "clone" | "config" | "boot" | "transfer" | "ready"
+
+const phase = (options: BootOptions, name: Phase) => options.onPhase?.(name) ?? Effect.void
 
 export interface OpenOptions extends BootOptions {
   readonly source: string
@@ -120,6 +126,7 @@ const boot = Effect.fn("session.boot")(function* (
   const dir = store.dir(meta.id)
   const files = sessionFiles(dir)
 
+  yield* phase(options, "config")
   yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options))
 
   const vmRef = yield* Ref.make(Option.none<VmHandle>())
@@ -140,6 +147,7 @@ const boot = Effect.fn("session.boot")(function* (
     )
   )
 
+  yield* phase(options, "boot")
   const listener = yield* rpc.listen(files.rpcSocket, {
     helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
     shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT
@@ -222,6 +230,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
   const images = yield* Images
   const vmm = yield* VmmBackend
 
+  yield* phase(options, "snapshot")
   const snapshot = yield* snapshotSource(options.source)
   if (options.name !== undefined) {
     const existing = yield* store.lookupName(options.name).pipe(Effect.option)
@@ -256,10 +265,13 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
   return yield* transactional(
     Effect.gen(function* () {
       const held = yield* lock.acquire(meta.id)
+      yield* phase(options, "clone")
       yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
       const connection = yield* boot(meta, image, held, options)
+      yield* phase(options, "transfer")
       yield* connection.transfer(snapshot.tar, GUEST_REPO)
       if (options.name !== undefined) yield* store.bindName(options.name, meta.id)
+      yield* phase(options, "ready")
       return sessionFrom(meta, dir, connection, snapshot.skipped)
     }),
     store.remove(meta.id)
@@ -310,6 +322,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
               ...m,
               guest: { arch: compat.guest.arch, protocol: connection.hello.protocol }
             }))
+      yield* phase(options, "ready")
       return sessionFrom(current, store.dir(id), connection, [])
     }),
     Effect.void

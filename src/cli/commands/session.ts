@@ -1,0 +1,170 @@
+import * as Args from "@effect/cli/Args"
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as Stream from "effect/Stream"
+import { open, resume, type BootOptions, type Phase, type Session } from "../../programs/session.js"
+import type { TurnEvent } from "../../services/GuestRpc.js"
+import { CliExit, edge } from "../render.js"
+import { interactive } from "../interactive.js"
+import { printEvent, turnExitCode } from "../turnOutput.js"
+import { json } from "./list.js"
+import { sessionRef } from "./show.js"
+
+const name = Options.text("name").pipe(
+  Options.optional,
+  Options.withDescription("bind the session to this name")
+)
+const model = Options.text("model").pipe(
+  Options.optional,
+  Options.withDescription("model alias passed to the agent")
+)
+const image = Options.text("image").pipe(
+  Options.optional,
+  Options.withDescription("golden image: name or name@digest (default: the default image)")
+)
+const cpus = Options.integer("cpus").pipe(Options.optional, Options.withDescription("guest CPUs (default 2)"))
+const memory = Options.integer("memory").pipe(
+  Options.optional,
+  Options.withDescription("guest memory in MiB (default 1024)")
+)
+const agent = Options.text("agent").pipe(
+  Options.repeated,
+  Options.withDescription("agent command argv (repeat per word); default: each turn runs as a shell command")
+)
+const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
+  Args.withDescription("the repository to copy into the session")
+)
+const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))
+
+const bootOptions = (args: {
+  readonly model: Option.Option<string>
+  readonly cpus: Option.Option<number>
+  readonly memory: Option.Option<number>
+  readonly agent: ReadonlyArray<string>
+}): BootOptions => ({
+  model: Option.getOrUndefined(args.model),
+  cpus: Option.getOrUndefined(args.cpus),
+  memoryMiB: Option.getOrUndefined(args.memory),
+  agent: args.agent.length > 0 ? args.agent : undefined
+})
+
+/** The step display: each phase of Open/Resume with the time it took, on stderr. */
+const stepDisplay = (enabled: boolean) => {
+  let current: { readonly phase: Phase; readonly started: number } | undefined
+  const finish = () => {
+    if (current !== undefined && enabled) {
+      process.stderr.write(
+        `  ${current.phase.padEnd(9)} ${((Date.now() - current.started) / 1000).toFixed(2)}s\n`
+      )
+    }
+  }
+  return (next: Phase) =>
+    Effect.sync(() => {
+      finish()
+      current = next === "ready" ? undefined : { phase: next, started: Date.now() }
+    })
+}
+
+const writeJsonLine = (value: unknown) =>
+  Effect.sync(() => process.stdout.write(JSON.stringify(value) + "\n"))
+
+/** One turn to the terminal: output as it comes; the end's exit status is returned. */
+export const printTurn = (session: Session, text: string, asJson: boolean) =>
+  session
+    .turn(text)
+    .pipe(
+      Stream.runFoldEffect(undefined as TurnEvent | undefined, (_, event) =>
+        Effect.as(asJson ? writeJsonLine({ event }) : printEvent(event), event)
+      )
+    )
+
+/** one turn, then Close (the scope); exits with the turn's status */
+const oneTurn = (session: Session, words: ReadonlyArray<string>, asJson: boolean) =>
+  Effect.gen(function* () {
+    if (asJson) yield* writeJsonLine({ session: session.id, dir: session.dir })
+    else yield* Console.error(`abox: session ${session.id}`)
+    const end = yield* printTurn(session, words.join(" "), asJson)
+    const code = turnExitCode(end)
+    if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
+  })
+
+export const run = Command.make(
+  "run",
+  {
+    source,
+    name,
+    model,
+    image,
+    cpus,
+    memory,
+    agent,
+    keep: Options.boolean("keep").pipe(
+      Options.withDescription(
+        "print how to resume the session afterwards (the session stays on disk either way)"
+      )
+    ),
+    json,
+    turn: turnWords
+  },
+  (args) =>
+    edge({ json: args.json })(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const session = yield* open({
+            ...bootOptions(args),
+            source: args.source,
+            name: Option.getOrUndefined(args.name),
+            image: Option.getOrUndefined(args.image),
+            onPhase: stepDisplay(!args.json && process.stderr.isTTY === true)
+          })
+          yield* oneTurn(session, args.turn, args.json)
+          if (args.keep && !args.json) yield* Console.error(`abox: resume with: abox resume ${session.id}`)
+        })
+      )
+    )
+).pipe(Command.withDescription("open a session on <dir>, run one turn, close; exits with the turn's status"))
+
+export const openCommand = Command.make("open", { source, name, model, image, cpus, memory, agent }, (args) =>
+  edge({ json: false })(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const session = yield* open({
+          ...bootOptions(args),
+          source: args.source,
+          name: Option.getOrUndefined(args.name),
+          image: Option.getOrUndefined(args.image),
+          onPhase: stepDisplay(true)
+        })
+        for (const skipped of session.skipped)
+          yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+        yield* interactive(session)
+      })
+    )
+  )
+).pipe(
+  Command.withDescription(
+    "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes)"
+  )
+)
+
+export const resumeCommand = Command.make(
+  "resume",
+  { ref: sessionRef, model, cpus, memory, agent, json, turn: turnWords },
+  (args) =>
+    edge({ json: args.json })(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const interactiveMode = args.turn.length === 0
+          const session = yield* resume(args.ref, {
+            ...bootOptions(args),
+            onPhase: stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+          })
+          if (interactiveMode) yield* interactive(session)
+          else yield* oneTurn(session, args.turn, args.json)
+        })
+      )
+    )
+).pipe(Command.withDescription("boot an existing session again: interactive, or one turn after --"))

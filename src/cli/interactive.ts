@@ -1,0 +1,129 @@
+import * as Cause from "effect/Cause"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
+import * as Stream from "effect/Stream"
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import * as readline from "node:readline"
+import { writeJsonAtomic } from "../lib/atomicFile.js"
+import type { Session } from "../programs/session.js"
+import type { TurnEvent } from "../services/GuestRpc.js"
+import { printEvent, turnExitCode } from "./turnOutput.js"
+
+/** `transcript.json`: the interactive mode's log of a session (the SDK never writes it). */
+export const TRANSCRIPT_FORMAT = 1
+const TranscriptEntry = Schema.Struct({
+  at: Schema.String,
+  text: Schema.String,
+  /** what the turn printed, capped so the file stays small */
+  output: Schema.String,
+  exitCode: Schema.Number,
+  cancelled: Schema.Boolean
+})
+export const Transcript = Schema.Struct({
+  format: Schema.Literal(TRANSCRIPT_FORMAT),
+  sessionId: Schema.String,
+  entries: Schema.Array(TranscriptEntry)
+})
+type Transcript = typeof Transcript.Type
+const OUTPUT_CAP = 64 * 1024
+
+const decodeTranscript = Schema.decodeUnknown(Schema.parseJson(Transcript))
+
+/** an unreadable transcript is set aside (renamed), never overwritten or deleted */
+const loadTranscript = (file: string, sessionId: string): Effect.Effect<Transcript> =>
+  Effect.tryPromise(() => fs.readFile(file, "utf8")).pipe(
+    Effect.flatMap((text) =>
+      decodeTranscript(text).pipe(
+        Effect.tapError(() =>
+          Effect.promise(() => fs.rename(file, `${file}.corrupt-${Date.now()}`).catch(() => undefined))
+        )
+      )
+    ),
+    Effect.orElseSucceed(() => ({ format: TRANSCRIPT_FORMAT, sessionId, entries: [] }) as Transcript)
+  )
+
+const HELP =
+  "type a turn and press Enter · Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session"
+
+/**
+ * The interactive mode: a prompt for turns, events streamed as they come; Ctrl-C cancels the
+ * running turn (the turn's stream is interrupted, which sends `cancel`), Ctrl-D or `/exit`
+ * returns, and the caller's scope closes the session.
+ */
+export const interactive = (session: Session) =>
+  Effect.gen(function* () {
+    const transcriptFile = path.join(session.dir, "transcript.json")
+    let transcript = yield* loadTranscript(transcriptFile, session.id)
+    const rl = yield* Effect.acquireRelease(
+      Effect.sync(() =>
+        readline.createInterface({
+          input: process.stdin,
+          output: process.stderr,
+          terminal: process.stdin.isTTY === true
+        })
+      ),
+      (rl) => Effect.sync(() => rl.close())
+    )
+    const contextNote = session.hello.contextTurns
+      ? `, ${session.hello.contextTurns} earlier turns remembered`
+      : ""
+    process.stderr.write(`abox: session ${session.id} ready${contextNote}\n${HELP}\n`)
+
+    const lines = rl[Symbol.asyncIterator]()
+    const nextLine = Effect.promise(() => {
+      rl.prompt()
+      return lines.next()
+    })
+    rl.setPrompt("abox> ")
+
+    for (;;) {
+      const next = yield* nextLine
+      if (next.done === true) break
+      const text = String(next.value).trim()
+      if (text === "") continue
+      if (text === "/exit" || text === "/quit") break
+      if (text === "/help") {
+        process.stderr.write(HELP + "\n")
+        continue
+      }
+      const started = new Date().toISOString()
+      let output = ""
+      const turn = session.turn(text).pipe(
+        Stream.tap((event) => {
+          if (event._tag === "Event" && (event.event.kind === "stdout" || event.event.kind === "stderr")) {
+            if (output.length < OUTPUT_CAP) output += event.event.data.slice(0, OUTPUT_CAP - output.length)
+          }
+          return printEvent(event)
+        }),
+        Stream.runLast,
+        Effect.map(Option.getOrUndefined)
+      )
+      const fiber = yield* Effect.fork(turn)
+      // Ctrl-C while a turn runs cancels it (interrupting the stream sends `cancel` to the guest)
+      const ctrlC = Effect.async<void>((resume) => {
+        const onCtrlC = () => resume(Effect.sync(() => process.stderr.write("\n· cancelling the turn\n")))
+        rl.once("SIGINT", onCtrlC)
+        return Effect.sync(() => rl.off("SIGINT", onCtrlC))
+      })
+      const exit = yield* Effect.raceFirst(Fiber.await(fiber), Effect.zipRight(ctrlC, Fiber.interrupt(fiber)))
+      if (Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause))
+        return yield* Exit.failCause(exit.cause)
+      const end: TurnEvent | undefined = Exit.isSuccess(exit) ? exit.value : undefined
+      const cancelled = Exit.isFailure(exit) || (end?._tag === "End" && end.cancelled)
+      const code = cancelled ? 130 : turnExitCode(end)
+      if (code !== 0) process.stderr.write(`· exit ${code}${cancelled ? " (cancelled)" : ""}\n`)
+      transcript = {
+        ...transcript,
+        entries: [...transcript.entries, { at: started, text, output, exitCode: code, cancelled }]
+      }
+      yield* writeJsonAtomic(transcriptFile, Transcript, transcript).pipe(
+        Effect.catchAll((error) =>
+          Effect.sync(() => process.stderr.write(`abox: transcript not saved: ${error.message}\n`))
+        )
+      )
+    }
+  })

@@ -1,0 +1,50 @@
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as Config from "effect/Config"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
+import * as fs from "node:fs/promises"
+import { ImagesLive } from "../lib/images.js"
+import { PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { hostArch } from "../programs/compat.js"
+import { Images } from "../services/Images.js"
+import { DiskError } from "../services/Images.js"
+import * as FakeVmm from "./FakeVmm.js"
+import { GuestRpcLive } from "./GuestRpcLive.js"
+import { QemuVmmLive } from "./QemuVmm.js"
+import { RuntimeLockLive } from "./RuntimeLockLive.js"
+
+/**
+ * The backend by platform (QEMU on Linux; macOS's Virtualization.framework backend is chosen
+ * by its own layer), overridable with `ABOX_VMM=qemu|fake`. `fake` runs the real guest agent
+ * as a host process: a test backend, with a placeholder image (its root disk is a directory).
+ */
+export const vmmChoice = Config.literal("qemu", "fake")("ABOX_VMM").pipe(Config.option)
+
+const FakeImages = Layer.succeed(Images, {
+  resolve: () =>
+    Effect.succeed({
+      identity: { name: "fake", digest: "0".repeat(64) },
+      arch: hostArch(),
+      protocol: PROTOCOL_VERSION,
+      kernel: "",
+      initrd: "",
+      rootDisk: ""
+    }),
+  cloneRoot: (_image, target) =>
+    Effect.tryPromise({
+      try: () => fs.writeFile(target, "", { mode: 0o600, flag: "wx" }),
+      catch: (cause) => new DiskError({ path: target, reason: "create", message: `cannot create ${target}: ${String(cause)}` })
+    })
+})
+
+const backends = Layer.unwrapEffect(
+  Effect.map(vmmChoice, (choice) =>
+    Option.getOrElse(choice, () => "qemu" as const) === "fake"
+      ? Layer.merge(FakeVmm.layer, FakeImages)
+      : Layer.merge(QemuVmmLive(), ImagesLive.pipe(Layer.provide(NodeCommandExecutor.layer)))
+  )
+)
+
+/** What Open, Resume, Turn and Close need beyond the store: lock, VMM, guest RPC, images. */
+export const LifecycleLive = Layer.mergeAll(RuntimeLockLive, GuestRpcLive, backends)
