@@ -8,6 +8,7 @@ import * as fs from "node:fs"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { listVsFloor } from "./list.js"
+import { transfer50MB, turnRoundTrip } from "./protocol.js"
 import { scrubOverhead } from "./scrub.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [

@@ -97,6 +97,59 @@ describe("protocol v4 frames", () => {
     )
   })
 
+  it("streamData: DATA arrives in zero-copy pieces that add up to the frames; other kinds stay whole", () => {
+    fc.assert(
+      fc.property(
+        fc.array(arbFrame, { maxLength: 20 }),
+        fc.array(fc.nat(), { maxLength: 30 }),
+        (frames, cuts) => {
+          const bytes = concat(frames.map((f) => encodeFrame(f)))
+          const decoder = new FrameDecoder({ streamData: true })
+          const all: Array<Frame> = []
+          for (const c of chunk(bytes, cuts)) all.push(...decoder.push(c))
+          decoder.finish()
+          expect(decoder.buffered).toBe(0)
+          // empty DATA frames carry no bytes: compare without them
+          const out = all.filter((f) => f.kind !== FrameKind.Data || f.payload.length > 0)
+          // merge consecutive DATA pieces of one channel back into frames of the same sizes
+          const expected = frames.filter((f) => f.kind !== FrameKind.Data || f.payload.length > 0)
+          const merged: Array<{ channel: number; kind: number; hex: string }> = []
+          let i = 0
+          for (const f of expected) {
+            if (f.kind !== FrameKind.Data) {
+              const got = out[i++]!
+              merged.push({
+                channel: got.channel,
+                kind: got.kind,
+                hex: Buffer.from(got.payload).toString("hex")
+              })
+              continue
+            }
+            const parts: Array<Uint8Array> = []
+            let n = 0
+            while (n < f.payload.length) {
+              const got = out[i++]!
+              expect(got.kind).toBe(FrameKind.Data)
+              expect(got.channel).toBe(f.channel)
+              parts.push(got.payload)
+              n += got.payload.length
+            }
+            merged.push({ channel: f.channel, kind: f.kind, hex: Buffer.from(concat(parts)).toString("hex") })
+          }
+          expect(i).toBe(out.length)
+          expect(merged).toEqual(
+            expected.map((f) => ({
+              channel: f.channel,
+              kind: f.kind,
+              hex: Buffer.from(f.payload).toString("hex")
+            }))
+          )
+        }
+      ),
+      { numRuns: 300 }
+    )
+  })
+
   it("random bytes only ever raise FrameError, and the decoder holds at most one frame", () => {
     fc.assert(
       fc.property(fc.array(fc.uint8Array({ maxLength: 64 }), { maxLength: 20 }), (chunks) => {

@@ -105,14 +105,30 @@ export const decodeCredit = (payload: Uint8Array): number =>
  * MAX_FRAME_PAYLOAD bytes). A payload that arrives whole inside one chunk is returned as a view
  * of that chunk (no copy). After a FrameError every later call throws the same error.
  */
+export interface FrameDecoderOptions {
+  /**
+   * Return a DATA frame's payload in pieces as its bytes arrive (views of the pushed chunks, no
+   * copy) instead of whole: DATA is a byte stream, so a receiver that only appends (the Mux)
+   * loses nothing and saves a copy of every byte. CONTROL and CREDIT frames are always whole.
+   */
+  readonly streamData?: boolean
+}
+
 export class FrameDecoder {
   private readonly header = new Uint8Array(FRAME_HEADER_BYTES)
+  private readonly streamData: boolean
+  /** streamData: DATA bytes of the current frame still to come */
+  private remaining = 0
   private headerFill = 0
   private payload: Uint8Array | undefined = undefined
   private payloadFill = 0
   private channel = 0
   private kind: FrameKind = 0
   private failed: FrameError | undefined = undefined
+
+  constructor(options?: FrameDecoderOptions) {
+    this.streamData = options?.streamData ?? false
+  }
 
   /** bytes held for the frame in progress */
   get buffered(): number {
@@ -125,6 +141,17 @@ export class FrameDecoder {
     let offset = 0
     const end = chunk.length
     while (offset < end) {
+      if (this.remaining > 0) {
+        const take = Math.min(this.remaining, end - offset)
+        frames.push({
+          channel: this.channel,
+          kind: FrameKind.Data,
+          payload: chunk.subarray(offset, offset + take)
+        })
+        this.remaining -= take
+        offset += take
+        continue
+      }
       if (this.payload === undefined) {
         // fast path: a whole header inside this chunk with nothing pending
         if (this.headerFill === 0 && end - offset >= FRAME_HEADER_BYTES) {
@@ -180,6 +207,8 @@ export class FrameDecoder {
   /** The stream ended: throws FrameError when a frame was cut short. */
   finish(): void {
     if (this.failed !== undefined) throw this.failed
+    if (this.remaining > 0)
+      this.fail(`truncated frame: the stream ended ${this.remaining} bytes short of a DATA frame`)
     if (this.headerFill > 0 || this.payload !== undefined) {
       const got = this.payload === undefined ? this.headerFill : FRAME_HEADER_BYTES + this.payloadFill
       const want = this.payload === undefined ? FRAME_HEADER_BYTES : FRAME_HEADER_BYTES + this.payload.length
@@ -188,6 +217,12 @@ export class FrameDecoder {
   }
 
   private begin(length: number, channel: number, kind: number): void {
+    this.channel = channel
+    this.kind = kind as FrameKind
+    if (this.streamData && kind === FrameKind.Data) {
+      this.remaining = length
+      return
+    }
     this.payload = new Uint8Array(length)
     this.payloadFill = 0
     this.channel = channel
@@ -202,6 +237,7 @@ export class FrameDecoder {
   private fail(reason: string): never {
     this.failed = new FrameError(reason)
     this.payload = undefined
+    this.remaining = 0
     this.headerFill = 0
     this.payloadFill = 0
     throw this.failed

@@ -280,7 +280,7 @@ class Channel implements MuxChannel {
 }
 
 export class Mux {
-  private readonly decoder = new FrameDecoder()
+  private readonly decoder = new FrameDecoder({ streamData: true })
   private readonly window: number
   private readonly maxControlQueue: number
   private readonly channels = new Map<number, Channel>()

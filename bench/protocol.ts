@@ -1,0 +1,201 @@
+import * as net from "node:net"
+import * as path from "node:path"
+import { performance } from "node:perf_hooks"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Scope from "effect/Scope"
+import * as Stream from "effect/Stream"
+import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { Mux } from "../src/protocol/Mux.js"
+import { GuestRpc, type GuestConnection } from "../src/services/GuestRpc.js"
+import { type BenchContext, type Figure, median, round } from "./lib.js"
+
+/**
+ * Protocol figures, with an in-process scripted guest on a real unix socket (no VM):
+ * - turnRoundTrip: a no-op turn (user_turn → turn_end) through GuestRpc + Mux vs a raw
+ *   unix-socket echo of one small message (goal ≤ 2×).
+ * - transfer50MB: 50 MB through GuestRpc.transfer (Mux, credit flow control) vs the same bytes
+ *   written raw over a unix socket (goal ≥ 0.7× the floor's throughput; ratio = throughput).
+ */
+
+const TURNS_PER_RUN = 300
+const TRANSFER_BYTES = 50 * 1024 * 1024
+const CHUNK = 64 * 1024
+
+let counter = 0
+const socketIn = (ctx: BenchContext) => path.join(ctx.tmp, `proto-${process.pid}-${counter++}.sock`)
+
+/** a fake guest: hello/ready, no-op turns, transfers counted and acknowledged */
+const startGuest = (socketPath: string): Promise<net.Socket> =>
+  new Promise((resolve, reject) => {
+    const socket = net.connect(socketPath)
+    socket.once("error", reject)
+    socket.once("connect", () => {
+      const mux = new Mux(socket)
+      mux.onError(() => undefined)
+      mux.onControl((m) => {
+        switch (m.type) {
+          case "user_turn":
+            return mux.sendControl({
+              type: "turn_end",
+              turn: m.turn,
+              exitCode: 0,
+              signal: null,
+              cancelled: false
+            })
+          case "transfer_begin":
+            return (async () => {
+              let bytes = 0
+              for await (const c of mux.channel(m.channel).readable) bytes += c.length
+              await mux.sendControl({ type: "transfer_end", channel: m.channel, files: 1, bytes })
+            })()
+          case "shutdown":
+            return mux.close()
+        }
+      })
+      void mux.sendControl({ type: "hello", protocol: 4, arch: "x86_64", build: "bench" })
+      void mux.sendControl({ type: "ready" })
+      resolve(socket)
+    })
+  })
+
+/** runs `body` against a connected GuestRpc session; the scope closes (shutdown) afterwards */
+const withConnection = async <A>(
+  ctx: BenchContext,
+  body: (conn: GuestConnection) => Effect.Effect<A, unknown>
+) => {
+  const socketPath = socketIn(ctx)
+  const program = Effect.gen(function* () {
+    const rpc = yield* GuestRpc
+    const { accept } = yield* rpc.listen(socketPath, {
+      helloTimeout: "10 seconds",
+      shutdownTimeout: "10 seconds"
+    })
+    const guest = startGuest(socketPath)
+    const conn = yield* accept
+    yield* Effect.promise(() => guest)
+    return yield* body(conn)
+  })
+  return Effect.runPromise(
+    Effect.flatMap(Scope.make(), (scope) =>
+      Scope.extend(program, scope).pipe(Effect.onExit(() => Scope.close(scope, Exit.void)))
+    ).pipe(Effect.provide(GuestRpcLive))
+  )
+}
+
+/** a raw echo server and a client: one small message out, the same back */
+const rawPair = (socketPath: string): Promise<{ client: net.Socket; server: net.Server }> =>
+  new Promise((resolve) => {
+    const server = net.createServer((s) => s.pipe(s))
+    server.listen(socketPath, () => {
+      const client = net.connect(socketPath, () => resolve({ client, server }))
+      client.setNoDelay?.(true)
+    })
+  })
+
+const echoRoundTrips = async (client: net.Socket, n: number): Promise<number> => {
+  const message = Buffer.from(JSON.stringify({ type: "user_turn", turn: 1, text: "true" }))
+  const start = performance.now()
+  for (let i = 0; i < n; i++) {
+    await new Promise<void>((resolve) => {
+      let got = 0
+      const onData = (c: Buffer) => {
+        got += c.length
+        if (got >= message.length) {
+          client.off("data", onData)
+          resolve()
+        }
+      }
+      client.on("data", onData)
+      client.write(message)
+    })
+  }
+  return (performance.now() - start) / n
+}
+
+export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
+  const muxMs = await withConnection(ctx, (conn) =>
+    Effect.gen(function* () {
+      const perRun: Array<number> = []
+      for (let r = 0; r <= ctx.runs; r++) {
+        const start = performance.now()
+        for (let i = 0; i < TURNS_PER_RUN; i++) yield* Stream.runDrain(conn.turn("true"))
+        if (r > 0) perRun.push((performance.now() - start) / TURNS_PER_RUN) // run 0 warms up
+      }
+      return median(perRun)
+    })
+  )
+  const { client, server } = await rawPair(socketIn(ctx))
+  const floorRuns: Array<number> = []
+  for (let r = 0; r <= ctx.runs; r++) {
+    const ms = await echoRoundTrips(client, TURNS_PER_RUN)
+    if (r > 0) floorRuns.push(ms)
+  }
+  client.destroy()
+  server.close()
+  const floorMs = median(floorRuns)
+  return {
+    ratio: round(muxMs / floorMs),
+    medianMs: round(muxMs, 4),
+    floorMs: round(floorMs, 4),
+    runs: ctx.runs,
+    goal: 2,
+    note: `ms per no-op turn (user_turn → turn_end), ${TURNS_PER_RUN} turns per run; floor: raw unix-socket echo`
+  }
+}
+
+const rawTransfer = (socketPath: string): Promise<number> =>
+  new Promise((resolve) => {
+    const server = net.createServer((s) => {
+      let got = 0
+      s.on("data", (c: Buffer) => {
+        got += c.length
+        if (got >= TRANSFER_BYTES) s.end(Buffer.from([1]))
+      })
+    })
+    server.listen(socketPath, () => {
+      const client = net.connect(socketPath, async () => {
+        const chunk = new Uint8Array(CHUNK)
+        const start = performance.now()
+        client.once("data", () => {
+          const ms = performance.now() - start
+          client.destroy()
+          server.close()
+          resolve(ms)
+        })
+        for (let sent = 0; sent < TRANSFER_BYTES; sent += CHUNK) {
+          if (!client.write(chunk)) await new Promise((r) => client.once("drain", r))
+        }
+      })
+    })
+  })
+
+export const transfer50MB = async (ctx: BenchContext): Promise<Figure> => {
+  const tar = Stream.range(1, TRANSFER_BYTES / CHUNK).pipe(Stream.map(() => new Uint8Array(CHUNK)))
+  const muxMs = await withConnection(ctx, (conn) =>
+    Effect.gen(function* () {
+      const perRun: Array<number> = []
+      for (let r = 0; r <= ctx.runs; r++) {
+        const start = performance.now()
+        const result = yield* conn.transfer(tar, "/work/repo")
+        if (result.bytes !== TRANSFER_BYTES) return yield* Effect.die(`guest got ${result.bytes} bytes`)
+        if (r > 0) perRun.push(performance.now() - start)
+      }
+      return median(perRun)
+    })
+  )
+  const floorRuns: Array<number> = []
+  for (let r = 0; r <= ctx.runs; r++) {
+    const ms = await rawTransfer(socketIn(ctx))
+    if (r > 0) floorRuns.push(ms)
+  }
+  const floorMs = median(floorRuns)
+  return {
+    ratio: round(floorMs / muxMs),
+    medianMs: round(muxMs, 1),
+    floorMs: round(floorMs, 1),
+    runs: ctx.runs,
+    goal: 0.7,
+    note: `ratio = throughput vs the raw pipe; Mux ${round(TRANSFER_BYTES / 1048576 / (muxMs / 1000), 0)} MiB/s, floor ${round(TRANSFER_BYTES / 1048576 / (floorMs / 1000), 0)} MiB/s`
+  }
+}
