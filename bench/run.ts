@@ -16,7 +16,9 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["scrubOverhead", scrubOverhead],
   ["brokerDownload", brokerDownload],
   ["brokerDownloadPassthrough", brokerDownloadPassthrough],
-  ["brokerRequests", brokerRequests]
+  ["brokerRequests", brokerRequests],
+  ["turnRoundTrip", turnRoundTrip],
+  ["transfer50MB", transfer50MB]
 ]
 
 const only = process.argv.slice(2)
