@@ -1,0 +1,84 @@
+import type { GuestArch } from "../services/SessionStore.js"
+
+export type Accel = "kvm" | "tcg" | "hvf"
+
+export interface QemuArgvInput {
+  readonly arch: GuestArch
+  readonly accel: Accel
+  readonly kernel: string
+  readonly initrd: string
+  readonly rootDisk: string
+  readonly configDisk: string
+  readonly rpcSocket: string
+  readonly qmpSocket: string
+  readonly cpus: number
+  readonly memoryMiB: number
+  readonly kernelArgs?: ReadonlyArray<string> | undefined
+}
+
+export const qemuBinary = (arch: GuestArch): string =>
+  arch === "x86_64" ? "qemu-system-x86_64" : "qemu-system-aarch64"
+
+/** QEMU's option values are comma-separated: a comma inside a path is written twice */
+export const escapeOptionValue = (value: string): string => value.replaceAll(",", ",,")
+
+/**
+ * The QEMU command line of a session VM: direct kernel boot, no defaults and no network
+ * device at all (`-nodefaults` creates none; nothing adds one), root rw and config read-only
+ * on virtio, the RPC channel as the virtio-serial port `abox.rpc` connected to the host's
+ * rpc.sock, the serial console on stdout (the helper bounds it into console.log), and a QMP
+ * socket for quit and status. Nothing secret is ever on it.
+ */
+export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
+  const x86 = input.arch === "x86_64"
+  const machine = x86 ? `q35,accel=${input.accel}` : `virt,accel=${input.accel}`
+  const cpu = input.accel === "tcg" ? "max" : "host"
+  const console = x86 ? "ttyS0" : "ttyAMA0"
+  const append = [`console=${console}`, "quiet", "panic=-1", ...(input.kernelArgs ?? [])].join(" ")
+  return [
+    "-nodefaults",
+    "-no-user-config",
+    "-nographic",
+    "-no-reboot",
+    "-machine",
+    machine,
+    "-cpu",
+    cpu,
+    "-smp",
+    String(input.cpus),
+    "-m",
+    String(input.memoryMiB),
+    "-kernel",
+    input.kernel,
+    "-initrd",
+    input.initrd,
+    "-append",
+    append,
+    "-drive",
+    `file=${escapeOptionValue(input.rootDisk)},format=raw,if=virtio,cache=writeback`,
+    "-drive",
+    `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`,
+    "-device",
+    "virtio-serial-pci",
+    "-chardev",
+    `socket,id=rpc,path=${escapeOptionValue(input.rpcSocket)}`,
+    "-device",
+    "virtserialport,chardev=rpc,name=abox.rpc",
+    "-chardev",
+    "stdio,id=con,signal=off",
+    "-serial",
+    "chardev:con",
+    "-qmp",
+    `unix:${escapeOptionValue(input.qmpSocket)},server=on,wait=off`,
+    "-monitor",
+    "none",
+    "-display",
+    "none"
+  ]
+}
+
+/** the environment QEMU starts with: nothing inherited (no secret can ride along) */
+export const minimalEnv = (): Record<string, string> => ({
+  PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+  LANG: "C"
+})

@@ -1,0 +1,68 @@
+// Raw node:fs: the console writer appends synchronously from a stream callback and rewrites
+// the file in place when it outgrows its bound; it runs inside the helper, outside any Effect.
+import * as fs from "node:fs"
+
+/**
+ * console.log with a bound: bytes are appended as they come; when the file would pass
+ * `maxBytes`, it is rewritten to hold only the most recent `maxBytes / 2` bytes (kept in
+ * memory), so the tail — what a failed boot needs — always survives, and the file never
+ * exceeds `maxBytes`. Amortised cost: one rewrite per `maxBytes / 2` bytes of output.
+ */
+export class BoundedConsole {
+  private fd: number
+  private size = 0
+  private tail: Buffer = Buffer.alloc(0)
+  private readonly keep: number
+
+  constructor(
+    readonly file: string,
+    readonly maxBytes: number
+  ) {
+    this.keep = Math.max(1, Math.floor(maxBytes / 2))
+    this.fd = fs.openSync(file, "w", 0o600)
+    fs.fchmodSync(this.fd, 0o600)
+  }
+
+  write(chunk: Buffer): void {
+    if (this.fd < 0) return
+    const joined = Buffer.concat([this.tail, chunk])
+    this.tail = joined.length > this.keep ? joined.subarray(joined.length - this.keep) : joined
+    if (this.size + chunk.length > this.maxBytes) {
+      fs.ftruncateSync(this.fd, 0)
+      fs.writeSync(this.fd, this.tail, 0, this.tail.length, 0)
+      this.size = this.tail.length
+      return
+    }
+    fs.writeSync(this.fd, chunk, 0, chunk.length, this.size)
+    this.size += chunk.length
+  }
+
+  close(): void {
+    if (this.fd < 0) return
+    fs.closeSync(this.fd)
+    this.fd = -1
+  }
+}
+
+/** the last `n` non-empty lines of a console log (for close outcomes and error messages) */
+export const consoleTail = (file: string, n: number): Array<string> => {
+  try {
+    const stat = fs.statSync(file)
+    const length = Math.min(stat.size, 64 * 1024)
+    const buffer = Buffer.alloc(length)
+    const fd = fs.openSync(file, "r")
+    try {
+      fs.readSync(fd, buffer, 0, length, stat.size - length)
+    } finally {
+      fs.closeSync(fd)
+    }
+    return buffer
+      .toString("utf8")
+      .split(/\r?\n/)
+      .map((line) => line.replace(/\x1b\[[0-9;?]*[A-Za-z]/g, "").trimEnd())
+      .filter((line) => line.length > 0)
+      .slice(-n)
+  } catch {
+    return []
+  }
+}

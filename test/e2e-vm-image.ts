@@ -1,0 +1,94 @@
+/**
+ * The x86_64 test image, built once and reused across test files and runs:
+ * `<repo>/.build/test-home` is an ABOX_HOME whose default image is rebuilt only when the guest
+ * bundle (dist/abox-guest.js) changed. Concurrent test files serialise on a lock file.
+ */
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import { execFileSync } from "node:child_process"
+import * as crypto from "node:crypto"
+import * as fs from "node:fs"
+import { createRequire } from "node:module"
+import * as path from "node:path"
+import { goldenOf, resolveImage } from "../src/lib/images.js"
+import { buildImage } from "../src/programs/image.js"
+import { aboxPathsAt } from "../src/services/AboxPaths.js"
+import type { GoldenImage } from "../src/services/Images.js"
+
+export const repoRoot = path.resolve(import.meta.dirname, "..")
+export const testHome = path.join(repoRoot, ".build", "test-home")
+export const guestBundle = path.join(repoRoot, "dist", "abox-guest.js")
+export const helperBundle = path.join(repoRoot, "dist", "abox-vmm.js")
+
+const has = (binary: string): boolean => {
+  try {
+    execFileSync("sh", ["-c", `command -v ${binary}`], { stdio: "ignore" })
+    return true
+  } catch {
+    return false
+  }
+}
+
+/** why the VM tests cannot run here, or undefined when they can */
+export const vmSkipReason = (): string | undefined => {
+  if (process.platform !== "linux") return "QEMU backend tests run on Linux"
+  if (!has("qemu-system-x86_64")) return "qemu-system-x86_64 is not installed"
+  if (!fs.existsSync(guestBundle) || !fs.existsSync(helperBundle)) return "dist/ is not built (npm run build)"
+  for (const tool of ["mkfs.ext4", "cpio", "dpkg-deb", "apt-get", "npm"]) {
+    if (!has(tool)) return `${tool} is missing: the test image cannot be built`
+  }
+  if (process.getuid?.() !== 0) return "building the image (mkfs.ext4 -d with owners) needs root"
+  return undefined
+}
+
+const sha256 = (file: string) => crypto.createHash("sha256").update(fs.readFileSync(file)).digest("hex")
+
+/** the default test image, (re)built when the guest bundle changed */
+export const ensureTestImage = async (): Promise<GoldenImage> => {
+  fs.mkdirSync(testHome, { recursive: true })
+  const lockFile = path.join(testHome, ".image.lock")
+  // a CommonJS native addon without type declarations
+  const { waitForLock, unlock } = createRequire(import.meta.url)("fs-native-extensions") as {
+    waitForLock: (fd: number) => Promise<boolean>
+    unlock: (fd: number) => void
+  }
+  const fd = fs.openSync(lockFile, "a")
+  try {
+    await waitForLock(fd)
+    const agent = sha256(guestBundle)
+    const layer = Layer.mergeAll(
+      aboxPathsAt(testHome),
+      NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
+    )
+    const program = Effect.gen(function* () {
+      const current = yield* resolveImage(path.join(testHome, "images"), undefined).pipe(Effect.option)
+      if (current._tag === "Some" && current.value.meta.agent === agent) return goldenOf(current.value)
+      const built = yield* buildImage({ arch: "x86_64", variant: "small", agent: guestBundle })
+      return goldenOf(built)
+    })
+    return await Effect.runPromise(program.pipe(Effect.provide(layer)))
+  } finally {
+    unlock(fd)
+    fs.closeSync(fd)
+  }
+}
+
+/** pids of live processes whose command line mentions `needle` (from /proc) */
+export const processesMentioning = (needle: string): Array<number> => {
+  const found: Array<number> = []
+  for (const entry of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue
+    try {
+      const cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, "utf8")
+      const stat = fs.readFileSync(`/proc/${entry}/stat`, "utf8")
+      const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
+      if (state !== "Z" && cmdline.includes(needle) && Number(entry) !== process.pid)
+        found.push(Number(entry))
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return found
+}
