@@ -76,6 +76,19 @@ const errorCode = (cause: unknown): string => {
   return typeof code === "string" ? code.toLowerCase() : "error"
 }
 
+/** a dial that, once interrupted (timeout, scope closed), destroys a connection that comes late */
+const dialCancellable = (dial: () => Promise<Duplex>) =>
+  Effect.async<Duplex, string>((resume) => {
+    let cancelled = false
+    dial().then(
+      (socket) => (cancelled ? socket.destroy() : resume(Effect.succeed(socket))),
+      (cause) => resume(Effect.fail(errorCode(cause)))
+    )
+    return Effect.sync(() => {
+      cancelled = true
+    })
+  })
+
 const expandHome = (file: string) =>
   file === "~" || file.startsWith("~/") ? path.join(os.homedir(), file.slice(1)) : file
 
@@ -180,7 +193,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         let upstream: Duplex | undefined
         if (mode === "passthrough") {
           const connected = yield* Effect.acquireRelease(
-            Effect.tryPromise({ try: () => dial(), catch: (cause) => errorCode(cause) }).pipe(
+            dialCancellable(dial).pipe(
               Effect.timeoutFail({ duration: dialTimeout, onTimeout: () => "timeout" }),
               Effect.either
             ),
@@ -245,6 +258,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
                   )
               },
               dial: () => dial(),
+              dialTimeoutMs: Duration.toMillis(dialTimeout),
               upstreamCa,
               maxHeaderBytes,
               headTimeoutMs,

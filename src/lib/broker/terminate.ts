@@ -27,6 +27,8 @@ export interface TerminateOptions {
   readonly credential: { readonly header: string; readonly value: () => Promise<string | undefined> }
   /** a TCP connection to the checked address (the broker resolved and checked it once) */
   readonly dial: () => Promise<Duplex>
+  /** bound on dial + upstream TLS handshake */
+  readonly dialTimeoutMs: number
   /** CAs trusted upstream: undefined for the system's */
   readonly upstreamCa: ReadonlyArray<string> | undefined
   readonly maxHeaderBytes: number
@@ -106,17 +108,35 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
     // the broker's own connections upstream: keep-alive, always to the checked address
     const agent = new http.Agent({ keepAlive: true, maxSockets: 4 })
     agent.createConnection = ((_: unknown, callback: (error: Error | null, socket?: Duplex) => void) => {
+      let timedOut = false
+      let handedOver: tls.TLSSocket | undefined
+      const timer = setTimeout(() => {
+        timedOut = true
+        const error = Object.assign(new Error("upstream connect timed out"), { code: "ETIMEDOUT" })
+        // after the hand-over the request sees the socket's error; before it, the callback's
+        if (handedOver !== undefined) handedOver.destroy(error)
+        else callback(error)
+      }, options.dialTimeoutMs)
       options.dial().then(
         (raw) => {
+          if (timedOut) return void raw.destroy()
           const secure = tls.connect({
             socket: raw,
             servername: options.host,
             ...(upstreamCa === undefined ? {} : { ca: upstreamCa }),
             ALPNProtocols: ["http/1.1"]
           })
+          const done = () => clearTimeout(timer)
+          secure.once("secureConnect", done)
+          secure.once("error", done)
+          secure.once("close", done)
+          handedOver = secure
           callback(null, secure)
         },
-        (error: Error) => callback(error)
+        (error: Error) => {
+          clearTimeout(timer)
+          if (!timedOut) callback(error)
+        }
       )
       return undefined
     }) as unknown as typeof agent.createConnection
