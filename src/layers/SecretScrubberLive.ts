@@ -8,6 +8,7 @@ import * as path from "node:path"
 import { writeFileAtomic } from "../lib/atomicFile.js"
 import { findSecretsInBytes, kindsOf, redactBytes, scrubJson, type SecretSpan } from "../lib/secrets.js"
 import {
+  CONFIG_DISK_ALIGN,
   CONFIG_DISK_HEADER,
   CONFIG_DISK_LAYOUT,
   CONFIG_DISK_MAGIC,
@@ -94,9 +95,25 @@ const redactConfigDisk = (bytes: Uint8Array, spans: ReadonlyArray<SecretSpan>): 
 
 const decodeGuestConfig = Schema.decodeUnknownEither(GuestConfig)
 
+let zeros = Buffer.alloc(0)
+
+/**
+ * Where a config disk's content ends: past the declared JSON when the rest (the sector
+ * padding) is all zero bytes, which cannot hold any part of a secret; else the whole file.
+ */
+const contentEnd = (bytes: Uint8Array): number => {
+  const buffer = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  if (buffer.length < CONFIG_DISK_HEADER || !buffer.subarray(0, 8).equals(CONFIG_DISK_MAGIC))
+    return buffer.length
+  const end = Math.min(CONFIG_DISK_HEADER + buffer.readUInt32BE(12), buffer.length)
+  const padding = buffer.length - end
+  if (zeros.length < padding) zeros = Buffer.alloc(Math.max(padding, CONFIG_DISK_ALIGN))
+  return buffer.compare(zeros, 0, padding, end, buffer.length) === 0 ? end : buffer.length
+}
+
 /** what a scrub does to one config.raw (pure: bytes in, bytes out) */
 export const scrubConfigDisk = (bytes: Uint8Array): FileScrub => {
-  const spans = findSecretsInBytes(bytes)
+  const spans = findSecretsInBytes(bytes, contentEnd(bytes))
   if (spans.length === 0) return clean(bytes)
   const decoded = decodeConfigDisk(bytes)
   const rescrubbed = Either.isRight(decoded) ? decodeGuestConfig(scrubJson(decoded.right).value) : undefined
