@@ -1,8 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { exitCodeFor } from "../src/cli/exitCodes.js"
-import { buildCli, removeTempHomes, runCli, tempHome, writeSession } from "./cliHelpers.js"
+import { buildCli, cliBundle, removeTempHomes, runCli, tempHome, writeSession } from "./cliHelpers.js"
 
 const A = "01aaaaaaaaaaaaaaaaaaaaaaaa"
 const B = "01bbbbbbbbbbbbbbbbbbbbbbbb"
@@ -20,6 +21,30 @@ const setup = () => {
   writeSession(legacy, "legacy-one")
   return { home, sessions, legacy }
 }
+
+/** util-linux `script` gives the CLI a pseudo-terminal, so `rm` asks */
+const hasScript = spawnSync("script", ["--version"], { stdio: "ignore" }).status === 0
+
+/** run `abox rm <ref>` on a pty; answer `key` once the question is on screen (an event, not a sleep) */
+const rmOnTerminal = (home: string, ref: string, key: string) =>
+  new Promise<{ code: number | null; output: string }>((resolve, reject) => {
+    const child = spawn("script", ["-qec", `${process.execPath} ${cliBundle} rm ${ref}`, "/dev/null"], {
+      env: { PATH: process.env.PATH ?? "", HOME: path.join(home, "user"), ABOX_HOME: home, TERM: "dumb" },
+      stdio: ["pipe", "pipe", "pipe"]
+    })
+    let output = ""
+    let answered = false
+    child.stdout.on("data", (chunk: Buffer) => {
+      output += chunk.toString("utf8")
+      if (!answered && output.includes("(y/N)")) {
+        answered = true
+        child.stdin.write(key)
+        child.stdin.write("\r")
+      }
+    })
+    child.on("error", reject)
+    child.on("close", (code) => resolve({ code, output }))
+  })
 
 const parse = (s: string) => JSON.parse(s) as Record<string, unknown>
 
@@ -131,6 +156,21 @@ describe("abox CLI (built bundle, real processes)", () => {
       )
     ).toBe(true)
   })
+
+  it.skipIf(!hasScript)(
+    "rm on a terminal asks: no keeps the session (Cancelled), yes deletes it",
+    async () => {
+      const { home, sessions } = setup()
+      const no = await rmOnTerminal(home, A, "n")
+      expect(no.output).toContain("cannot be undone")
+      expect(no.code).toBe(exitCodeFor("Cancelled"))
+      expect(fs.existsSync(path.join(sessions, A))).toBe(true)
+      const yes = await rmOnTerminal(home, A, "y")
+      expect(yes.code).toBe(0)
+      expect(yes.output).toContain(`removed ${A}`)
+      expect(fs.existsSync(path.join(sessions, A))).toBe(false)
+    }
+  )
 
   it("rm of a dangling name removes just the name", () => {
     const { home, sessions } = setup()
