@@ -6,7 +6,8 @@
  *   fd 3    liveness pipe: EOF = the supervisor died → bounded stop of the VMM, then exit
  *   fd 4    the session's locked fd, passed on to the VMM (the lock lives as long as the VM)
  *
- * SIGTERM (Linux) / SIGINT (macOS) → the same bounded stop: QMP quit → wait → SIGTERM → wait →
+ * SIGTERM (Linux) / SIGINT (macOS) → the same bounded stop: QMP quit (QEMU) or REST Stop, HardStop
+ * (vfkit) → wait → the fallback signal (`spec.signal`, default SIGTERM) → wait →
  * SIGKILL; the VMM is always reaped before the helper exits.
  */
 import * as Deferred from "effect/Deferred"
@@ -23,6 +24,7 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import { BoundedConsole } from "./console.js"
 import { qmpCommand } from "./qmp.js"
+import { vfkitSetState } from "./vfkit.js"
 import {
   decodeHelperSpec,
   encodeHelperEvent,
@@ -85,7 +87,14 @@ const stopSequence = (spec: HelperSpec, child: ChildProcess, exited: Deferred.De
       yield* qmpCommand(spec.qmpSocket, "quit", Duration.millis(spec.quitMs)).pipe(Effect.ignore)
       if (yield* waitFor(spec.quitMs)) return
     }
-    child.kill("SIGTERM")
+    if (spec.restSocket !== undefined) {
+      // vfkit: Stop asks the guest (RequestStop); HardStop stops the VM without asking
+      for (const state of ["Stop", "HardStop"] as const) {
+        yield* vfkitSetState(spec.restSocket, state, Duration.millis(spec.quitMs)).pipe(Effect.ignore)
+        if (yield* waitFor(spec.quitMs)) return
+      }
+    }
+    child.kill(spec.signal ?? "SIGTERM")
     if (yield* waitFor(spec.termMs)) return
     child.kill("SIGKILL")
     yield* Deferred.await(exited)
@@ -135,8 +144,9 @@ const main = Effect.gen(function* () {
     liveness.on("error", gone)
   }
   const onSignal = (signal: NodeJS.Signals) => Deferred.unsafeDone(stop, Effect.succeed(signal))
+  const fallback = spec.signal ?? (process.platform === "darwin" ? "SIGINT" : "SIGTERM")
   process.on("SIGTERM", onSignal)
-  process.on("SIGINT", process.platform === "darwin" ? onSignal : () => undefined)
+  process.on("SIGINT", process.platform === "darwin" || fallback === "SIGINT" ? onSignal : () => undefined)
   process.on("SIGHUP", () => undefined)
 
   const stopper = yield* Deferred.await(stop).pipe(

@@ -19,6 +19,13 @@ export const HelperSpec = Schema.Struct({
   consoleMaxBytes: Schema.Number,
   /** QMP socket for quit; absent → signals only */
   qmpSocket: Schema.optional(Schema.String),
+  /** vfkit's RESTful API socket: POST /vm/state Stop, then HardStop, before the signal fallback */
+  restSocket: Schema.optional(Schema.String),
+  /**
+   * the platform's fallback signal (SIGINT on macOS, SIGTERM on Linux; default: by the helper's
+   * own platform): the supervisor stops the helper with it, and the helper sends it to the VMM
+   */
+  signal: Schema.optional(Schema.Literal("SIGINT", "SIGTERM")),
   /** the helper's own bounded stop: QMP quit → wait → SIGTERM → wait → SIGKILL */
   quitMs: Schema.Number,
   termMs: Schema.Number
