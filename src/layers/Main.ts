@@ -7,11 +7,11 @@ import { LifecycleLive } from "./Lifecycle.js"
 import { SecretScrubberLive } from "./SecretScrubberLive.js"
 import { SessionStoreLive } from "./SessionStoreLive.js"
 
-/** The platform the CLI runs on (what @effect/cli needs, and the file system). */
-export const PlatformLive = Layer.mergeAll(NodeFileSystem.layer, NodePath.layer, NodeTerminal.layer)
-
-/** The CLI's one main layer, provided once at the edge (src/bin.ts). */
-export const MainLive = Layer.mergeAll(SessionStoreLive, SecretScrubberLive, LifecycleLive).pipe(
+/** Every abox service on this platform: what the SDK provides. */
+export const AboxLive = Layer.mergeAll(SessionStoreLive, SecretScrubberLive, LifecycleLive).pipe(
   Layer.provideMerge(AboxPathsLive),
-  Layer.provideMerge(PlatformLive)
+  Layer.provideMerge(Layer.merge(NodeFileSystem.layer, NodePath.layer))
 )
+
+/** The CLI's one main layer, provided once at the edge (src/bin.ts): the services and a terminal. */
+export const MainLive = Layer.merge(AboxLive, NodeTerminal.layer)

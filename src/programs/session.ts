@@ -21,7 +21,7 @@ import {
 } from "../services/GuestRpc.js"
 import { Images, type GoldenImage } from "../services/Images.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
-import { NameTaken, SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
+import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
 import { VmmBackend, VmmError, type CloseBounds, type VmHandle } from "../services/VmmBackend.js"
 import { checkCompatibility, hostArch } from "./compat.js"
 
@@ -232,16 +232,6 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
 
   yield* phase(options, "snapshot")
   const snapshot = yield* snapshotSource(options.source)
-  if (options.name !== undefined) {
-    const existing = yield* store.lookupName(options.name).pipe(Effect.option)
-    if (Option.isSome(existing)) {
-      return yield* new NameTaken({
-        name: options.name,
-        sessionId: existing.value.sessionId,
-        message: `the name "${options.name}" is bound to session ${existing.value.sessionId}`
-      })
-    }
-  }
   const image = yield* images.resolve(options.image)
   if (image.arch !== vmm.arch) {
     return yield* new VmmError({
@@ -251,6 +241,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     })
   }
 
+  // binds the name too (NameTaken before anything is made); undo removes both
   const meta = yield* store.create({
     source: path.resolve(options.source),
     model: options.model ?? DEFAULT_MODEL,
@@ -270,7 +261,6 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
       const connection = yield* boot(meta, image, held, options)
       yield* phase(options, "transfer")
       yield* connection.transfer(snapshot.tar, GUEST_REPO)
-      if (options.name !== undefined) yield* store.bindName(options.name, meta.id)
       yield* phase(options, "ready")
       return sessionFrom(meta, dir, connection, snapshot.skipped)
     }),

@@ -1,0 +1,93 @@
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+
+// The SDK reads ABOX_HOME and ABOX_VMM through Config: set them before the runtime is made.
+const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-sdk-"))
+const source = fs.mkdtempSync(path.join(os.tmpdir(), "abox-sdk-src-"))
+process.env.ABOX_HOME = home
+process.env.ABOX_VMM = "fake"
+
+const sdk = await import("../src/sdk/index.js")
+
+beforeAll(() => {
+  fs.writeFileSync(path.join(source, "hello.txt"), "hello from the host\n")
+})
+afterAll(async () => {
+  await sdk.dispose()
+  fs.rmSync(home, { recursive: true, force: true })
+  fs.rmSync(source, { recursive: true, force: true })
+})
+
+describe("SDK (Promise facade) over the fake backend", () => {
+  it("opens, streams a turn, closes with await using; the session stays on disk", async () => {
+    let id = ""
+    {
+      await using session = await sdk.open({ source })
+      id = session.id
+      const kinds: Array<string> = []
+      for await (const event of session.turn("cat hello.txt; echo err >&2"))
+        kinds.push(event._tag === "End" ? "End" : event.event.kind)
+      expect(kinds.at(-1)).toBe("End")
+      expect(kinds).toContain("stdout")
+      const outcome = await session.run("exit 7")
+      expect(outcome.exitCode).toBe(7)
+    }
+    const rows = await sdk.list()
+    const row = rows.find((r) => r.id === id)
+    expect(row?._tag).toBe("Ok")
+    expect(row?._tag === "Ok" ? row.meta.lastClose?.how : undefined).toBe("graceful")
+    expect(fs.existsSync(path.join(home, "sessions", id, "transcript.json"))).toBe(false)
+  })
+
+  it("leaving a turn early cancels it, and the session goes on", async () => {
+    const session = await sdk.open({ source })
+    try {
+      const started = Date.now()
+      for await (const event of session.turn("echo start; sleep 30; echo never")) {
+        if (event._tag === "Event") break
+      }
+      const next = await session.run("echo after")
+      expect(next.stdout).toBe("after\n")
+      expect(Date.now() - started).toBeLessThan(20_000)
+    } finally {
+      await session.close()
+    }
+  })
+
+  it("rejects with the typed error itself", async () => {
+    await expect(sdk.resume("no-such-session")).rejects.toMatchObject({ _tag: "SessionNotFound" })
+    await expect(sdk.open({ source: path.join(source, "missing") })).rejects.toMatchObject({
+      _tag: "SourceInvalid"
+    })
+  })
+
+  it("SessionManager: start, connect, list, stop by name (seed 001)", async () => {
+    const manager = new sdk.SessionManager()
+    const started = await manager.start("my-project", { source })
+    await started.run("echo remembered > note.txt")
+    expect(await manager.connect("my-project")).toBe(started)
+    expect((await manager.list()).map((n) => [n.name, n.running])).toEqual([["my-project", true]])
+    expect(await manager.stop("my-project")).toBe(true)
+    expect(started.closed).toBe(true)
+    const again = await manager.connect("my-project")
+    try {
+      expect(again.id).toBe(started.id)
+      expect((await again.run("cat note.txt")).stdout).toBe("remembered\n")
+    } finally {
+      await manager.stop("my-project")
+    }
+    await expect(manager.start("my-project", { source })).rejects.toMatchObject({ _tag: "NameTaken" })
+  })
+
+  it("SessionManager: an idle timeout closes the session", async () => {
+    const manager = new sdk.SessionManager()
+    const session = await manager.start("idle", { source, timeout: 0.5 })
+    await session.run("true")
+    const deadline = Date.now() + 15_000
+    while (!session.closed && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100))
+    expect(session.closed).toBe(true)
+    expect((await manager.list()).find((n) => n.name === "idle")?.running).toBe(false)
+  })
+})
