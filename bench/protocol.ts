@@ -144,6 +144,65 @@ export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
   }
 }
 
+/**
+ * The same no-op turn on the bare Mux (no Effect): what the protocol itself costs, separate from
+ * GuestRpc's Effect Stream per turn.
+ */
+export const muxRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
+  const socketPath = socketIn(ctx)
+  const server = net.createServer((s) => {
+    const guest = new Mux(s)
+    guest.onControl((m) => {
+      if (m.type === "user_turn") {
+        return guest.sendControl({
+          type: "turn_end",
+          turn: m.turn,
+          exitCode: 0,
+          signal: null,
+          cancelled: false
+        })
+      }
+    })
+  })
+  await new Promise<void>((resolve) => server.listen(socketPath, resolve))
+  const socket = net.connect(socketPath)
+  await new Promise((resolve) => socket.once("connect", resolve))
+  const host = new Mux(socket)
+  let waiter: (() => void) | undefined
+  host.onControl(() => waiter?.())
+  const muxRuns: Array<number> = []
+  for (let r = 0; r <= ctx.runs; r++) {
+    const start = performance.now()
+    for (let i = 0; i < TURNS_PER_RUN; i++) {
+      await new Promise<void>((resolve) => {
+        waiter = resolve
+        void host.sendControl({ type: "user_turn", turn: i + 1, text: "true" })
+      })
+    }
+    if (r > 0) muxRuns.push((performance.now() - start) / TURNS_PER_RUN)
+  }
+  host.destroy()
+  server.close()
+  const { client, server: echo } = await rawPair(socketIn(ctx))
+  const floorRuns: Array<number> = []
+  for (let r = 0; r <= ctx.runs; r++) {
+    const ms = await echoRoundTrips(client, TURNS_PER_RUN)
+    if (r > 0) floorRuns.push(ms)
+  }
+  client.destroy()
+  echo.close()
+  const muxMs = median(muxRuns)
+  const floorMs = median(floorRuns)
+  return {
+    ratio: round(muxMs / floorMs),
+    medianMs: round(muxMs, 4),
+    floorMs: round(floorMs, 4),
+    runs: ctx.runs,
+    goal: 2,
+    note: "ms per user_turn → turn_end on the bare Mux (Schema-validated both ways); floor: raw unix-socket echo"
+  }
+}
+
 const rawTransfer = (socketPath: string): Promise<number> =>
   new Promise((resolve) => {
     const server = net.createServer((s) => {
@@ -171,7 +230,9 @@ const rawTransfer = (socketPath: string): Promise<number> =>
   })
 
 export const transfer50MB = async (ctx: BenchContext): Promise<Figure> => {
-  const tar = Stream.range(1, TRANSFER_BYTES / CHUNK).pipe(Stream.map(() => new Uint8Array(CHUNK)))
+  // one buffer sent over and over, as the floor does: the figure measures the transport, not allocation
+  const block = new Uint8Array(CHUNK)
+  const tar = Stream.range(1, TRANSFER_BYTES / CHUNK).pipe(Stream.map(() => block))
   const muxMs = await withConnection(ctx, (conn) =>
     Effect.gen(function* () {
       const perRun: Array<number> = []

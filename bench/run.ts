@@ -8,7 +8,7 @@ import * as fs from "node:fs"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { listVsFloor } from "./list.js"
-import { transfer50MB, turnRoundTrip } from "./protocol.js"
+import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { scrubOverhead } from "./scrub.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
@@ -18,6 +18,7 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["brokerDownloadPassthrough", brokerDownloadPassthrough],
   ["brokerRequests", brokerRequests],
   ["turnRoundTrip", turnRoundTrip],
+  ["muxRoundTrip", muxRoundTrip],
   ["transfer50MB", transfer50MB]
 ]
 

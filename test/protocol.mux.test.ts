@@ -97,6 +97,26 @@ describe("Mux", () => {
     guest.destroy()
   })
 
+  it("tryWrite writes within credit and refuses (writing nothing) beyond it or behind a queued write", async () => {
+    const [a, b] = await socketPair()
+    const host = new Mux(a, { initialWindow: 1000 })
+    const guest = new Mux(b, { initialWindow: 1000 })
+    const ch = host.channel(2)
+    const reading = collect(guest.channel(2).readable)
+    expect(ch.tryWrite(Buffer.alloc(600, 1))).toBe(true)
+    expect(ch.tryWrite(Buffer.alloc(600, 2))).toBe(false) // 400 credit left
+    const queued = ch.write(Buffer.alloc(600, 2)) // waits for credit
+    expect(ch.tryWrite(Buffer.alloc(10, 3))).toBe(false) // a queued write goes first
+    await queued
+    expect(ch.tryWrite(Buffer.alloc(10, 3))).toBe(true)
+    await ch.end()
+    expect(ch.tryWrite(Buffer.alloc(1))).toBe(false)
+    const got = await reading
+    expect(got).toEqual(Buffer.concat([Buffer.alloc(600, 1), Buffer.alloc(600, 2), Buffer.alloc(10, 3)]))
+    host.destroy()
+    guest.destroy()
+  })
+
   it("flow-control invariant: a writer never has more than `window` bytes unacknowledged", async () => {
     await fc.assert(
       fc.asyncProperty(

@@ -405,8 +405,16 @@ const connect = (
         yield* send({ type: "transfer_begin", channel: id, format: "tar", target })
         const channel = mux.channel(id)
         yield* Effect.addFinalizer(() => Effect.sync(() => channel.destroy("transfer finished")))
+        // the sync path writes while credit and the socket allow; otherwise wait for them
         const pipe = Stream.runForEach(tar, (chunk) =>
-          Effect.tryPromise({ try: () => channel.write(chunk), catch: (cause) => muxFailure(mux, cause) })
+          Effect.suspend(() =>
+            channel.tryWrite(chunk)
+              ? Effect.void
+              : Effect.tryPromise({
+                  try: () => channel.write(chunk),
+                  catch: (cause) => muxFailure(mux, cause)
+                })
+          )
         ).pipe(
           Effect.zipRight(
             Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) })

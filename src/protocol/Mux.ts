@@ -53,6 +53,12 @@ export interface MuxChannel {
   readonly id: number
   /** waits for credit and the stream's backpressure; splits into frames ≤ MAX_FRAME_PAYLOAD */
   write(chunk: Uint8Array): Promise<void>
+  /**
+   * Writes at once when nothing is queued on this channel, the credit covers the chunk (≤ one
+   * frame) and the stream is not backed up; returns false (and writes nothing) otherwise, in
+   * which case use `write`. Saves a promise per chunk on the bulk path.
+   */
+  tryWrite(chunk: Uint8Array): boolean
   /** sends EOF: no more DATA from this side */
   end(): Promise<void>
   /** the peer's bytes; consuming grants credit back; ends after the peer's EOF, rejects on a failure */
@@ -237,10 +243,23 @@ class Channel implements MuxChannel {
 
   // ---- send side ----
 
+  /** writes and EOF queued on this channel and not finished */
+  private queued = 0
+
   write(chunk: Uint8Array): Promise<void> {
-    const run = this.writeChain.then(() => this.writeNow(chunk))
+    this.queued++
+    const run = this.writeChain.then(() => this.writeNow(chunk)).finally(() => this.queued--)
     this.writeChain = run.catch(() => undefined)
     return run
+  }
+
+  tryWrite(chunk: Uint8Array): boolean {
+    if (this.queued > 0 || this.failure !== undefined || this.localEof) return false
+    if (chunk.length > this.sendCredit || chunk.length > MAX_FRAME_PAYLOAD || !this.mux.writable) return false
+    if (chunk.length === 0) return true
+    this.sendCredit -= chunk.length
+    void this.mux.writeFrame(this.id, FrameKind.Data, chunk)
+    return true
   }
 
   private async writeNow(chunk: Uint8Array): Promise<void> {
@@ -262,13 +281,16 @@ class Channel implements MuxChannel {
   }
 
   end(): Promise<void> {
-    const run = this.writeChain.then(async () => {
-      if (this.failure !== undefined) throw this.failure
-      if (this.localEof) return
-      this.localEof = true
-      await this.mux.writeFrame(this.id, FrameKind.Eof, new Uint8Array(0))
-      this.mux.maybeRetire(this)
-    })
+    this.queued++
+    const run = this.writeChain
+      .then(async () => {
+        if (this.failure !== undefined) throw this.failure
+        if (this.localEof) return
+        this.localEof = true
+        await this.mux.writeFrame(this.id, FrameKind.Eof, new Uint8Array(0))
+        this.mux.maybeRetire(this)
+      })
+      .finally(() => this.queued--)
     this.writeChain = run.catch(() => undefined)
     return run
   }
@@ -387,6 +409,17 @@ export class Mux {
   }
 
   // ---- internals shared with Channel ----
+
+  /** @internal open, and the stream is not backed up (no drain pending) */
+  get writable(): boolean {
+    return (
+      !this.closed &&
+      !this.ending &&
+      this.drainWaiter === undefined &&
+      !this.stream.destroyed &&
+      this.stream.writable
+    )
+  }
 
   /** @internal */
   writeFrame(channel: number, kind: FrameKind, payload: Uint8Array): Promise<void> {
