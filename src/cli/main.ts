@@ -4,12 +4,26 @@ import { image } from "./commands/image.js"
 import { list } from "./commands/list.js"
 import { name } from "./commands/name.js"
 import { rm } from "./commands/rm.js"
+import { doctorCommand, gcCommand, logs } from "./commands/maintenance.js"
 import { scrub } from "./commands/scrub.js"
 import { openCommand, resumeCommand, run } from "./commands/session.js"
 import { show } from "./commands/show.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
-const subcommands = [openCommand, run, resumeCommand, list, show, name, rm, scrub, image] as const
+const subcommands = [
+  openCommand,
+  run,
+  resumeCommand,
+  list,
+  show,
+  logs,
+  name,
+  rm,
+  gcCommand,
+  scrub,
+  doctorCommand,
+  image
+] as const
 
 export const abox = Command.make("abox").pipe(
   Command.withDescription("run an AI coding agent inside a VM session"),

@@ -1,0 +1,137 @@
+import * as Command from "@effect/cli/Command"
+import * as Options from "@effect/cli/Options"
+import * as Console from "effect/Console"
+import * as Effect from "effect/Effect"
+import * as Stream from "effect/Stream"
+// Raw node:fs: following a growing file needs fs.watch (an event) and positional reads.
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { BROKER_LOG_FILE, formatBrokerLog, readBrokerLog } from "../../lib/broker/log.js"
+import { doctor } from "../../programs/doctor.js"
+import { gc } from "../../programs/gc.js"
+import { sessionFiles } from "../../programs/session.js"
+import { SessionStore } from "../../services/SessionStore.js"
+import { CliExit, edge, printJson } from "../render.js"
+import { json } from "./list.js"
+import { sessionRef } from "./show.js"
+
+/** the bytes of `file` from `offset` on, then every append as it happens (fs.watch, no polling loop) */
+const follow = (file: string) =>
+  Stream.asyncPush<Uint8Array>((emit) =>
+    Effect.acquireRelease(
+      Effect.sync(() => {
+        let offset = 0
+        let reading = false
+        const drain = () => {
+          if (reading) return
+          reading = true
+          try {
+            const size = fs.existsSync(file) ? fs.statSync(file).size : 0
+            if (size < offset) offset = 0 // truncated (console.log keeps its tail): start over
+            if (size > offset) {
+              const fd = fs.openSync(file, "r")
+              try {
+                const chunk = Buffer.alloc(size - offset)
+                fs.readSync(fd, chunk, 0, chunk.length, offset)
+                offset = size
+                emit.single(chunk)
+              } finally {
+                fs.closeSync(fd)
+              }
+            }
+          } finally {
+            reading = false
+          }
+        }
+        drain()
+        const watcher = fs.watch(path.dirname(file), (_event, name) => {
+          if (name === path.basename(file)) drain()
+        })
+        return watcher
+      }),
+      (watcher) => Effect.sync(() => watcher.close())
+    )
+  )
+
+export const logs = Command.make(
+  "logs",
+  {
+    ref: sessionRef,
+    follow: Options.boolean("follow").pipe(
+      Options.withAlias("f"),
+      Options.withDescription("keep printing as the log grows")
+    ),
+    broker: Options.boolean("broker").pipe(
+      Options.withDescription("the HTTPS broker's decisions instead of the guest console")
+    )
+  },
+  (args) =>
+    edge({ json: false })(
+      Effect.gen(function* () {
+        const store = yield* SessionStore
+        const id = yield* store.resolve(args.ref)
+        const dir = store.dir(id)
+        if (args.broker) {
+          const read = yield* readBrokerLog(path.join(dir, BROKER_LOG_FILE)).pipe(Effect.orDie)
+          yield* Console.log(
+            read.entries.length === 0 && read.badLines.length === 0
+              ? "(no broker decisions yet)"
+              : formatBrokerLog(read)
+          )
+          return
+        }
+        const file = sessionFiles(dir).consoleLog
+        if (!args.follow) {
+          if (!fs.existsSync(file))
+            return yield* Console.error(`abox: ${id} has no console log yet (never booted)`)
+          yield* Effect.sync(() => process.stdout.write(fs.readFileSync(file)))
+          return
+        }
+        yield* follow(file).pipe(Stream.runForEach((chunk) => Effect.sync(() => process.stdout.write(chunk))))
+      })
+    )
+).pipe(Command.withDescription("print a session's guest console (console.log), or its broker log"))
+
+export const gcCommand = Command.make(
+  "gc",
+  {
+    dryRun: Options.boolean("dry-run").pipe(
+      Options.withDescription("show what would be cleaned, change nothing")
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json })(
+      Effect.gen(function* () {
+        const actions = yield* gc({ dryRun: args.dryRun })
+        if (args.json) return yield* printJson({ dryRun: args.dryRun, actions })
+        if (actions.length === 0) return yield* Console.log("nothing to clean")
+        const verb = args.dryRun ? "would remove" : "removed"
+        for (const a of actions) {
+          yield* Console.log(
+            `${a.kind === "orphan-vmm" ? (args.dryRun ? "would stop" : "stopped") : verb} ${a.kind} ${a.target}: ${a.detail}`
+          )
+        }
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "clean what a crash left: stale sockets, temp files, names of missing sessions, VMs whose session is gone (never a session)"
+  )
+)
+
+export const doctorCommand = Command.make("doctor", { json }, (args) =>
+  edge({ json: args.json })(
+    Effect.gen(function* () {
+      const checks = yield* doctor()
+      if (args.json) yield* printJson({ checks })
+      else {
+        const mark = { ok: "ok  ", warn: "warn", fail: "FAIL" } as const
+        yield* Console.log(checks.map((c) => `${mark[c.status]}  ${c.name.padEnd(9)} ${c.detail}`).join("\n"))
+      }
+      if (checks.some((c) => c.status === "fail")) return yield* new CliExit({ code: 1, tag: "DoctorFailed" })
+    })
+  )
+).pipe(
+  Command.withDescription("check this host: VMM and accelerator, default image, free space, secret scrubber")
+)

@@ -1,0 +1,113 @@
+import * as Effect from "effect/Effect"
+import { execFile } from "node:child_process"
+import * as fs from "node:fs/promises"
+import { resolveImage } from "../lib/images.js"
+import { AboxPaths } from "../services/AboxPaths.js"
+import { SecretScrubber } from "../services/SecretScrubber.js"
+
+export interface Check {
+  readonly name: string
+  readonly status: "ok" | "warn" | "fail"
+  readonly detail: string
+}
+
+// Raw node:child_process: a version probe needs nothing more than execFile with a timeout.
+const probe = (command: string, args: ReadonlyArray<string>) =>
+  Effect.async<string | undefined>((resume) => {
+    const child = execFile(command, [...args], { timeout: 10_000 }, (error, stdout) =>
+      resume(Effect.succeed(error === null ? stdout.split("\n")[0]?.trim() : undefined))
+    )
+    return Effect.sync(() => child.kill())
+  })
+
+const GiB = 1024 ** 3
+
+/**
+ * `abox doctor`: what a session needs on this host, one line each — the VMM and its
+ * accelerator, the default image, free space in ABOX_HOME, and the secret scrubber's state.
+ */
+export const doctor = Effect.fn("doctor")(function* () {
+  const paths = yield* AboxPaths
+  const scrubber = yield* SecretScrubber
+  const checks: Array<Check> = []
+
+  checks.push({ name: "node", status: "ok", detail: process.version })
+
+  if (process.platform === "darwin") {
+    const vfkit = yield* probe("vfkit", ["--version"])
+    checks.push(
+      vfkit === undefined
+        ? { name: "vmm", status: "fail", detail: "vfkit not found: brew install vfkit (docs/macos.md)" }
+        : { name: "vmm", status: "ok", detail: vfkit }
+    )
+  } else {
+    const binary = process.arch === "arm64" ? "qemu-system-aarch64" : "qemu-system-x86_64"
+    const qemu = yield* probe(binary, ["--version"])
+    checks.push(
+      qemu === undefined
+        ? {
+            name: "vmm",
+            status: "fail",
+            detail: `${binary} not found: apt-get install qemu-system-x86 (scripts/setup.sh)`
+          }
+        : { name: "vmm", status: "ok", detail: qemu }
+    )
+    const kvm = yield* Effect.promise(() =>
+      fs.access("/dev/kvm", fs.constants.R_OK | fs.constants.W_OK).then(
+        () => true,
+        () => false
+      )
+    )
+    checks.push(
+      kvm
+        ? { name: "accel", status: "ok", detail: "KVM (/dev/kvm is usable)" }
+        : {
+            name: "accel",
+            status: "warn",
+            detail: "no usable /dev/kvm: guests run under TCG (software), several times slower"
+          }
+    )
+  }
+
+  const image = yield* resolveImage(paths.images, undefined).pipe(Effect.either)
+  checks.push(
+    image._tag === "Right"
+      ? {
+          name: "image",
+          status: "ok",
+          detail: `${image.right.meta.name}@${image.right.meta.digest.slice(0, 12)} (${image.right.meta.arch}, kernel ${image.right.meta.kernel}, protocol ${image.right.meta.protocol})`
+        }
+      : { name: "image", status: "fail", detail: image.left.message }
+  )
+
+  yield* Effect.promise(() => fs.mkdir(paths.home, { recursive: true, mode: 0o700 }).catch(() => undefined))
+  const space = yield* Effect.promise(() =>
+    fs.statfs(paths.home).then(
+      (s) => s.bavail * s.bsize,
+      () => undefined
+    )
+  )
+  checks.push(
+    space === undefined
+      ? { name: "disk", status: "warn", detail: `cannot read free space of ${paths.home}` }
+      : {
+          name: "disk",
+          status: space < 4 * GiB ? "warn" : "ok",
+          detail: `${(space / GiB).toFixed(1)} GiB free in ${paths.home}${space < 4 * GiB ? " (a session's disk can grow to a few GiB)" : ""}`
+        }
+  )
+
+  const report = yield* scrubber.scrub({ dryRun: true })
+  const pending = report.findings.filter((f) => f.count > 0).length
+  checks.push({
+    name: "scrubber",
+    status: report.problems.length > 0 || pending > 0 ? "warn" : "ok",
+    detail:
+      `${report.sessionsScanned} sessions, ${report.filesScanned} files checked` +
+      (pending > 0
+        ? `; ${pending} file(s) hold leftover secrets (abox scrub removes them)`
+        : "; no leftover secrets") +
+      (report.problems.length > 0 ? `; ${report.problems.length} file(s) unreadable (abox scrub --json)` : "")
+  })
+  return checks
+})
