@@ -195,6 +195,11 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   )
   const end = await agent.run()
   log(`conversation ended: ${end}`)
+  if (config.right.ignoreShutdown === true) {
+    // a test image playing a stuck guest: it stays up until the VMM's signal or SIGKILL
+    log("ignoreShutdown is set: staying up until signalled")
+    await new Promise<never>(() => setInterval(() => undefined, 1 << 30))
+  }
   proxy.close()
   mux.close()
   return finish(flags, endCode(end))

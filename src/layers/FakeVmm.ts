@@ -169,7 +169,12 @@ export const make = (options: FakeVmmOptions = {}) =>
       const closeSequence = (proc: ChildProcess) =>
         Effect.gen(function* () {
           const wait = (bound: Duration.DurationInput) =>
-            Deferred.await(exited).pipe(Effect.timeout(Duration.decode(bound)), Effect.option)
+            // finalizers run uninterruptibly: the wait itself must be interruptible for the bound to cut it
+            Deferred.await(exited).pipe(
+              Effect.interruptible,
+              Effect.timeout(Duration.decode(bound)),
+              Effect.option
+            )
           const send = (signal: NodeJS.Signals) =>
             Effect.sync(() => {
               try {
