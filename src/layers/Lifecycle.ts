@@ -21,7 +21,7 @@ import { RuntimeLockLive } from "./RuntimeLockLive.js"
  */
 export const vmmChoice = Config.literal("qemu", "fake")("ABOX_VMM").pipe(Config.option)
 
-const FakeImages = Layer.succeed(Images, {
+export const FakeImages = Layer.succeed(Images, {
   resolve: () =>
     Effect.succeed({
       identity: { name: "fake", digest: "0".repeat(64) },
@@ -34,7 +34,12 @@ const FakeImages = Layer.succeed(Images, {
   cloneRoot: (_image, target) =>
     Effect.tryPromise({
       try: () => fs.writeFile(target, "", { mode: 0o600, flag: "wx" }),
-      catch: (cause) => new DiskError({ path: target, reason: "create", message: `cannot create ${target}: ${String(cause)}` })
+      catch: (cause) =>
+        new DiskError({
+          path: target,
+          reason: "create",
+          message: `cannot create ${target}: ${String(cause)}`
+        })
     })
 })
 
