@@ -16,9 +16,13 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // CLI: `rm` without --yes and no terminal to ask on; the user said no
   ConfirmationRequired: 71,
   Cancelled: 72,
+  // open: the source directory is missing or not a directory
+  SourceInvalid: 73,
   // lock
   SessionBusy: 75,
   LockError: 76,
+  // resume: the session was made for another arch, backend, or predates that metadata
+  SessionIncompatible: 77,
   // VMM
   VmmError: 80,
   VmmUnavailable: 81,
@@ -28,7 +32,15 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   ProtocolError: 87,
   GuestTimeout: 88,
   GuestDisconnected: 89,
-  TransferFailed: 90
+  TransferFailed: 90,
+  // images and disks
+  ImageNotFound: 91,
+  ImageInUse: 92,
+  ImageBuildFailed: 93,
+  DiskError: 94,
+  // broker
+  BrokerPolicyError: 95,
+  BrokerError: 96
 }
 
 /** anything without its own code */
