@@ -458,7 +458,7 @@ const connect = (
             Stream.mapEffect((item) => (isTurnEvent(item) ? Effect.succeed(item) : Effect.fail(item))),
             Stream.takeUntil((event) => event._tag === "End")
           )
-        }).pipe(Effect.withSpan("GuestRpc.turn"))
+        })
       )
 
     const cancel = Effect.fn("GuestRpc.cancel")(function* (id: number) {
