@@ -2,10 +2,11 @@ import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as FileSystem from "@effect/platform/FileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Queue from "effect/Queue"
 import * as Schema from "effect/Schema"
-import type * as Scope from "effect/Scope"
+import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { execFile } from "node:child_process"
 import * as crypto from "node:crypto"
@@ -547,6 +548,46 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
         const fourth = inMemoryTunnel(4, "allowed.com", 443)
         yield* Effect.forkScoped(env.session.handle(fourth.request))
         expect((yield* Effect.promise(() => fourth.result)).ok).toBe(true)
+      })
+    )
+  )
+
+  it.live("closing the session's scope ends its open tunnels and still logs their close", () =>
+    scoped(
+      Effect.gen(function* () {
+        const fs = yield* FileSystem.FileSystem
+        const sessionDir = yield* fs.makeTempDirectoryScoped()
+        const { dial } = recordingDial()
+        const policy = yield* decodePolicy({ format: 1, allow: [{ host: "allowed.com", ports: [443] }] })
+        const broker = yield* makeHttpsBroker({ dial, resolve: () => Promise.resolve(["93.184.215.14"]) })
+        const sessionScope = yield* Scope.make()
+        const session = yield* broker
+          .make(policy, { sessionId: "s-close", sessionDir })
+          .pipe(Scope.extend(sessionScope))
+        const queue = yield* Queue.unbounded<TunnelRequest>()
+        yield* session.serve(Stream.fromQueue(queue)).pipe(Effect.forkIn(sessionScope))
+        const tunnel = inMemoryTunnel(7, "allowed.com", 443)
+        yield* Queue.offer(queue, tunnel.request)
+        const opened = yield* Effect.promise(() => tunnel.result)
+        expect(opened.ok).toBe(true)
+        if (!opened.ok) return
+        opened.stream.write("hello")
+        const ended = new Promise<void>((resolve) => opened.stream.once("close", () => resolve()))
+        opened.stream.resume()
+        yield* Scope.close(sessionScope, Exit.void).pipe(
+          Effect.timeoutFail({ duration: "3 seconds", onTimeout: () => new Error("scope close hangs") })
+        )
+        yield* Effect.promise(() => ended).pipe(
+          Effect.timeoutFail({
+            duration: "3 seconds",
+            onTimeout: () => new Error("the guest end of the tunnel was not closed")
+          })
+        )
+        const log = (yield* readBrokerLog(session.logPath)).entries
+        expect(log.map((e) => [e.event, e.decision, e.reason])).toEqual([
+          ["open", "allow", undefined],
+          ["close", "allow", "session-closed"]
+        ])
       })
     )
   )

@@ -205,26 +205,70 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           upstream = connected.right
         }
 
-        const channel = yield* request.accept().pipe(Effect.either)
-        if (channel._tag === "Left") {
-          return yield* log({
-            ...base,
-            event: "open",
-            decision: "deny",
-            reason: "guest-disconnected",
-            credential: false
-          })
-        }
-        yield* log({
-          ...base,
-          event: "open",
-          decision: "allow",
-          address,
-          mode,
-          credential: mode === "terminate"
-        })
-        const guest = yield* channelDuplex(channel.right)
         let closeReason: string | undefined
+        const counted: { current?: { readonly bytesUp: () => number; readonly bytesDown: () => number } } = {}
+        // accept and its "open" line, then (however the tunnel ends: either side, or the session
+        // closing) the channel closed exactly once and the "close" line with the totals
+        const channel = yield* Effect.acquireRelease(
+          request.accept().pipe(
+            Effect.map((accepted) => {
+              let closed = false
+              return {
+                ...accepted,
+                close: Effect.suspend(() => {
+                  if (closed) return Effect.void
+                  closed = true
+                  return accepted.close
+                })
+              }
+            }),
+            Effect.tap(() =>
+              log({
+                ...base,
+                event: "open",
+                decision: "allow",
+                address,
+                mode,
+                credential: mode === "terminate"
+              })
+            ),
+            Effect.tapError(() =>
+              log({
+                ...base,
+                event: "open",
+                decision: "deny",
+                reason: "guest-disconnected",
+                credential: false
+              })
+            ),
+            Effect.either
+          ),
+          (accepted, exit) =>
+            accepted._tag === "Left"
+              ? Effect.void
+              : Effect.zipRight(
+                  accepted.right.close,
+                  log({
+                    ...base,
+                    event: "close",
+                    decision: "allow",
+                    ...(closeReason !== undefined
+                      ? { reason: closeReason }
+                      : Exit.isInterrupted(exit)
+                        ? { reason: "session-closed" }
+                        : {}),
+                    address,
+                    mode,
+                    credential: mode === "terminate",
+                    bytesUp: counted.current?.bytesUp() ?? 0,
+                    bytesDown: counted.current?.bytesDown() ?? 0,
+                    durationMs: Date.now() - started
+                  })
+                )
+        )
+        if (channel._tag === "Left") return
+        const guest = yield* channelDuplex(channel.right)
+        counted.current = guest
 
         if (upstream !== undefined) {
           const up = upstream
@@ -284,18 +328,6 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
             })
           )
         }
-        yield* log({
-          ...base,
-          event: "close",
-          decision: "allow",
-          ...(closeReason === undefined ? {} : { reason: closeReason }),
-          address,
-          mode,
-          credential: mode === "terminate",
-          bytesUp: guest.bytesUp(),
-          bytesDown: guest.bytesDown(),
-          durationMs: Date.now() - started
-        })
       })
 
       const handle = (request: TunnelRequest): Effect.Effect<void> =>
