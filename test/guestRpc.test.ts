@@ -351,6 +351,48 @@ describe("GuestRpcLive over a real unix socket", () => {
     }).pipe(Effect.scoped, provide)
   )
 
+  it.live("a slow turn consumer: events back up through the bounded queues and all arrive in order", () =>
+    Effect.gen(function* () {
+      const path = socketPath()
+      const { accept } = yield* listen(path)
+      const N = 3000
+      fakeGuest(path, (g, m) => {
+        if (m.type !== "user_turn") return
+        for (let i = 0; i < N; i++) {
+          void g.mux.sendControl({
+            type: "agent_event",
+            turn: m.turn,
+            event: { kind: "stdout", data: String(i) }
+          })
+        }
+        void g.mux.sendControl({
+          type: "turn_end",
+          turn: m.turn,
+          exitCode: 0,
+          signal: null,
+          cancelled: false
+        })
+      })
+      const conn = yield* accept
+      const events = yield* conn.turn("flood").pipe(
+        Stream.tap((e) =>
+          e._tag === "Event" && e.event.kind === "stdout" && e.event.data === "0"
+            ? realDelay(200)
+            : Effect.void
+        ),
+        Stream.runCollect
+      )
+      const all = Chunk.toReadonlyArray(events)
+      expect(all).toHaveLength(N + 1)
+      expect(
+        all
+          .slice(0, N)
+          .map((e) => (e._tag === "Event" && e.event.kind === "stdout" ? Number(e.event.data) : -1))
+      ).toEqual(Array.from({ length: N }, (_, i) => i))
+      expect(all[N]).toMatchObject({ _tag: "End", exitCode: 0 })
+    }).pipe(Effect.scoped, provide)
+  )
+
   it.live("a turn fails with GuestDisconnected when the guest dies mid-turn", () =>
     Effect.gen(function* () {
       const path = socketPath()
