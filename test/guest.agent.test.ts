@@ -7,6 +7,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterEach, describe, expect, it } from "@effect/vitest"
 import { create as createTar } from "tar"
+import { encodeFrame, FrameKind } from "../src/protocol/Frame.js"
 import { acceptHost, isRoot, listenHost, makeGuestDirs, spawnGuest, writeConfig } from "./support/fakeHost.js"
 import type { GuestDirs, GuestProcess, HostConnection } from "./support/fakeHost.js"
 import type * as net from "node:net"
@@ -207,6 +208,93 @@ describe("guest agent (real process, fake host)", () => {
     expect(events).toContainEqual({ kind: "stdout", data: "plain text\n" })
     await host.mux.sendControl({ type: "shutdown" })
     expect((await guest.exited).code).toBe(0)
+  })
+
+  it("streams a large output completely (back pressure, events split to bounded sizes)", async () => {
+    const dirs = makeGuestDirs()
+    writeConfig(dirs)
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    await host.mux.sendControl({ type: "user_turn", turn: 1, text: "head -c 3000000 /dev/zero | tr '\\0' x" })
+    expect(await host.next("turn_end", 60_000)).toMatchObject({ exitCode: 0 })
+    const events = turnEvents(host, 1)
+    expect(stdoutOf(host, 1)).toBe("x".repeat(3_000_000))
+    for (const entry of events) {
+      if (entry.message.type === "agent_event" && entry.message.event.kind === "stdout") {
+        expect(entry.message.event.data.length).toBeLessThanOrEqual(16 * 1024)
+      }
+    }
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+  })
+
+  it("cancel escalates to SIGKILL when the turn ignores SIGTERM", async () => {
+    const dirs = makeGuestDirs()
+    writeConfig(dirs)
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    await host.mux.sendControl({
+      type: "user_turn",
+      turn: 1,
+      text: "trap '' TERM; echo armed; while :; do sleep 0.1; done"
+    })
+    await new Promise<void>((resolve) => {
+      const check = () => (stdoutOf(host, 1).includes("armed") ? resolve() : setTimeout(check, 20))
+      check()
+    })
+    const at = Date.now()
+    await host.mux.sendControl({ type: "cancel", turn: 1 })
+    expect(await host.next("turn_end")).toMatchObject({ turn: 1, cancelled: true, signal: "SIGKILL" })
+    const took = Date.now() - at
+    expect(took).toBeGreaterThanOrEqual(1500)
+    expect(took).toBeLessThan(5000)
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+  })
+
+  it("a turn whose agent cannot start ends with 127 and says why", async () => {
+    const dirs = makeGuestDirs()
+    writeConfig(dirs, { agent: { argv: ["/nonexistent/agent"] } })
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    await host.mux.sendControl({ type: "user_turn", turn: 1, text: "hi" })
+    expect(await host.next("turn_end")).toMatchObject({ turn: 1, exitCode: 127 })
+    const stderr = turnEvents(host, 1).map((e) =>
+      e.message.type === "agent_event" && e.message.event.kind === "stderr" ? e.message.event.data : ""
+    )
+    expect(stderr.join("")).toContain("could not start")
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+  })
+
+  it("a transfer outside the repository is refused with an error, and the agent goes on", async () => {
+    const dirs = makeGuestDirs()
+    writeConfig(dirs)
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    await host.mux.sendControl({ type: "transfer_begin", channel: 2, format: "tar", target: "/etc" })
+    const ch = host.mux.channel(2)
+    await ch.write(new Uint8Array(1024))
+    await ch.end()
+    expect(await host.next("error")).toMatchObject({ code: "transfer_failed", channel: 2 })
+    await host.mux.sendControl({ type: "user_turn", turn: 1, text: "echo still here" })
+    await host.next("turn_end")
+    expect(stdoutOf(host, 1)).toBe("still here\n")
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+  })
+
+  it("malformed control JSON: the guest answers with an error and ends the conversation cleanly", async () => {
+    const dirs = makeGuestDirs()
+    writeConfig(dirs)
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    host.socket.write(
+      encodeFrame({ channel: 0, kind: FrameKind.Control, payload: new TextEncoder().encode("{nope") })
+    )
+    expect(await host.next("error")).toMatchObject({ code: "protocol_error" })
+    expect((await guest.exited).code).toBe(5)
+    expect(guest.output()).toContain("protocol error from the host")
   })
 
   it.skipIf(!isRoot)(

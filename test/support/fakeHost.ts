@@ -16,6 +16,8 @@ import { guestAgentCommand } from "../../src/layers/FakeVmm.js"
 
 export interface HostConnection {
   readonly mux: Mux
+  /** the raw socket under the mux (tests that write malformed bytes) */
+  readonly socket: net.Socket
   /** every control message received so far, with its arrival time (ms, performance.now) */
   readonly received: Array<{ readonly at: number; readonly message: ControlMessage }>
   /** the next message not yet taken that matches (messages before it that do not match stay) */
@@ -68,7 +70,7 @@ export const acceptHost = (server: net.Server): Promise<HostConnection> =>
           })
         }
       }
-      resolve({ mux, received, next, closed })
+      resolve({ mux, socket, received, next, closed })
     })
   })
 
