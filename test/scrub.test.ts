@@ -9,11 +9,13 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import {
+  makeSecretScrubberLive,
+  SCRUB_CACHE_FILE,
   scrubConfigDisk,
   scrubGuestConfigJson,
   SecretScrubberLive
 } from "../src/layers/SecretScrubberLive.js"
-import { findSecrets, isSecretName } from "../src/lib/secrets.js"
+import { findSecrets, isSecretName, secretRulesVersion } from "../src/lib/secrets.js"
 import { decodeConfigDisk, encodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { GuestConfig } from "../src/protocol/GuestConfig.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
@@ -214,12 +216,26 @@ const makeHomes = Effect.acquireRelease(
   ({ root }) => Effect.sync(() => fs.rmSync(root, { recursive: true, force: true }))
 )
 
-const scrubberAt = (home: string, userHome: string) =>
+const scrubberAt = (home: string, userHome: string, layer = SecretScrubberLive) =>
   SecretScrubber.pipe(
     Effect.provide(
-      SecretScrubberLive.pipe(Layer.provide(aboxPathsAt(home, userHome)), Layer.provide(NodeFileSystem.layer))
+      layer.pipe(Layer.provide(aboxPathsAt(home, userHome)), Layer.provide(NodeFileSystem.layer))
     )
   )
+
+interface CacheRecord {
+  rules: string
+  files: Record<string, string>
+}
+const readCacheRecord = (home: string): CacheRecord =>
+  Schema.decodeUnknownSync(
+    Schema.parseJson(
+      Schema.Struct({
+        rules: Schema.String,
+        files: Schema.Record({ key: Schema.String, value: Schema.String })
+      })
+    )
+  )(fs.readFileSync(path.join(home, SCRUB_CACHE_FILE), "utf8"))
 
 const snapshot = (dir: string): Record<string, string> => {
   const out: Record<string, string> = {}
@@ -331,5 +347,76 @@ describe("SecretScrubberLive", () => {
       ])
       expect(fs.existsSync(locked)).toBe(true)
     })
+  )
+
+  it.scopedLive(
+    "the clean-file record skips unchanged files, never a changed one, and only under the same rules",
+    () =>
+      Effect.gen(function* () {
+        const { home, userHome, sessions, legacy } = yield* makeHomes
+        writeSession(sessions, "c1", cleanSessionFiles({ format: 1, sessionId: "c1", model: "claude" }))
+        writeSession(legacy, "c2", cleanSessionFiles({ format: 1, sessionId: "c2", model: "claude" }))
+        const rawFile = path.join(sessions, "c1", "config.raw")
+        const jsonFile = path.join(legacy, "c2", "guest-config.json")
+
+        // default margin: files written a moment ago are not recorded yet
+        const fresh = yield* scrubberAt(home, userHome)
+        yield* fresh.scrub({ dryRun: false })
+        expect(fs.existsSync(path.join(home, SCRUB_CACHE_FILE))).toBe(false)
+
+        const scrubber = yield* scrubberAt(home, userHome, makeSecretScrubberLive({ cacheMarginMs: 0 }))
+        const first = yield* scrubber.scrub({ dryRun: false })
+        expect(first.findings).toEqual([])
+        const record = readCacheRecord(home)
+        expect(record.rules).toBe(secretRulesVersion())
+        expect(Object.keys(record.files).sort()).toEqual(
+          [
+            rawFile,
+            path.join(sessions, "c1", "guest-config.json"),
+            path.join(legacy, "c2", "config.raw"),
+            jsonFile
+          ].sort()
+        )
+
+        // file timestamps tick coarsely (a few ms); step past one tick so the writes below get new ones
+        yield* Effect.sleep("30 millis")
+        // same size, written in place (same inode): an older version's secret
+        const secret = "sk-ant-api03-" + "Z".repeat(30)
+        const dirty = rawConfigDisk(
+          JSON.stringify({ format: 1, sessionId: "c1", model: "claude", apiKey: secret })
+        )
+        expect(dirty.length).toBe(fs.statSync(rawFile).size)
+        const fd = fs.openSync(rawFile, "r+")
+        fs.writeSync(fd, dirty, 0, dirty.length, 0)
+        fs.closeSync(fd)
+        fs.appendFileSync(jsonFile, `\nANTHROPIC_API_KEY=${secret}\n`)
+
+        const second = yield* scrubber.scrub({ dryRun: false })
+        expect(second.findings.map((f) => f.path).sort()).toEqual([jsonFile, rawFile].sort())
+        expect(fs.readFileSync(rawFile).includes(secret)).toBe(false)
+        expect(fs.readFileSync(jsonFile).includes(secret)).toBe(false)
+        expect(second.filesScanned).toBe(4)
+
+        // a record made under other rules is not trusted; under the same rules it is (that is the speed-up)
+        yield* Effect.sleep("30 millis")
+        fs.appendFileSync(jsonFile, `\nANTHROPIC_API_KEY=${secret}\n`)
+        const forged = (rules: string) =>
+          fs.writeFileSync(
+            path.join(home, SCRUB_CACHE_FILE),
+            JSON.stringify({
+              format: 1,
+              rules,
+              files: {
+                [jsonFile]: `${fs.statSync(jsonFile).dev}:${fs.statSync(jsonFile).ino}:${fs.statSync(jsonFile).size}:${fs.statSync(jsonFile).mtimeMs}:${fs.statSync(jsonFile).ctimeMs}`
+              }
+            })
+          )
+        forged(secretRulesVersion())
+        const trusted = yield* scrubber.scrub({ dryRun: true })
+        expect(trusted.findings.map((f) => f.path)).not.toContain(jsonFile)
+        forged("older-rules")
+        const distrusted = yield* scrubber.scrub({ dryRun: true })
+        expect(distrusted.findings.map((f) => f.path)).toContain(jsonFile)
+      })
   )
 })

@@ -6,7 +6,14 @@ import { createHash } from "node:crypto"
 import * as nodeFs from "node:fs"
 import * as path from "node:path"
 import { writeFileAtomic } from "../lib/atomicFile.js"
-import { findSecretsInBytes, kindsOf, redactBytes, scrubJson, type SecretSpan } from "../lib/secrets.js"
+import {
+  findSecretsInBytes,
+  kindsOf,
+  redactBytes,
+  scrubJson,
+  secretRulesVersion,
+  type SecretSpan
+} from "../lib/secrets.js"
 import {
   CONFIG_DISK_ALIGN,
   CONFIG_DISK_HEADER,
@@ -160,117 +167,189 @@ const errorCode = (cause: unknown): string | undefined =>
     ? cause.code
     : undefined
 
-export const SecretScrubberLive = Layer.effect(
-  SecretScrubber,
-  Effect.gen(function* () {
-    const paths = yield* AboxPaths
+/**
+ * The clean-file record (`$ABOX_HOME/scrub-cache.json`, outside every session): file path →
+ * `dev:ino:size:mtimeMs:ctimeMs` of a file that held no secret under the current rules
+ * (`rules`). A file whose stat still matches is not read again. It cannot hide a secret:
+ * - any write to a file moves its mtime and ctime, and ctime cannot be set from user space;
+ *   a replaced file has a new inode or a new ctime; a rules change drops the whole record;
+ * - timestamps tick coarsely (jiffies, or seconds on some filesystems), so a file is only
+ *   recorded when its ctime is older than the scan's start by `cacheMarginMs`: a later write
+ *   then necessarily carries a different ctime.
+ * The record is rewritten (atomically) only when it changes, and never in a dry run. A
+ * missing or undecodable record is simply empty.
+ */
+const ScrubCache = Schema.Struct({
+  format: Schema.Literal(1),
+  rules: Schema.String,
+  files: Schema.Record({ key: Schema.String, value: Schema.String })
+})
+const decodeScrubCache = Schema.decodeUnknownEither(Schema.parseJson(ScrubCache))
 
-    const scrub = Effect.fn("SecretScrubber.scrub")(function* (options: { readonly dryRun: boolean }) {
-      const findings: Array<ScrubFinding> = []
-      const problems: Array<{ path: string; reason: string }> = []
-      let sessionsScanned = 0
-      let filesScanned = 0
+export const SCRUB_CACHE_FILE = "scrub-cache.json"
 
-      const problem = (file: string, cause: unknown) =>
-        Effect.sync(() => problems.push({ path: file, reason: reasonOf(cause) }))
+const statKey = (stat: nodeFs.Stats): string =>
+  `${stat.dev}:${stat.ino}:${stat.size}:${stat.mtimeMs}:${stat.ctimeMs}`
 
-      // Reads go through raw node:fs, synchronously: this runs on every start over ~2,000 small
-      // files, and sync reads with dirent types were measured several times faster than
-      // @effect/platform's async readFile + stat (one thread-pool round trip per call).
-      const read = (file: string) =>
-        Effect.try({ try: () => nodeFs.readFileSync(file), catch: (cause) => cause }).pipe(
-          Effect.map((bytes): Uint8Array | undefined => bytes),
-          // a session without this file is fine; anything else is reported and skipped
-          Effect.catchIf(
-            (cause) => errorCode(cause) === "ENOENT",
-            () => Effect.succeed(undefined)
-          )
-        )
+const readCache = (file: string, rules: string): ReadonlyMap<string, string> => {
+  let text: string
+  try {
+    text = nodeFs.readFileSync(file, "utf8")
+  } catch {
+    return new Map()
+  }
+  const decoded = decodeScrubCache(text)
+  return Either.isRight(decoded) && decoded.right.rules === rules
+    ? new Map(Object.entries(decoded.right.files))
+    : new Map()
+}
 
-      const replace = (file: string, bytes: Uint8Array, finding: Omit<ScrubFinding, "changed">) =>
-        writeFileAtomic(file, bytes, 0o600).pipe(
-          Effect.matchEffect({
-            onFailure: (error) =>
-              Effect.sync(() => {
-                findings.push({ ...finding, changed: false })
-                problems.push({ path: file, reason: `cannot replace: ${error.message}` })
-              }),
-            onSuccess: () => Effect.sync(() => findings.push({ ...finding, changed: true }))
-          })
-        )
+const sameEntries = (a: ReadonlyMap<string, string>, b: ReadonlyMap<string, string>): boolean =>
+  a.size === b.size && [...a].every(([key, value]) => b.get(key) === value)
 
-      const scrubFile = (
-        file: string,
-        scrubber: (bytes: Uint8Array) => FileScrub,
-        sessionId: string,
-        legacy: boolean
-      ) =>
-        read(file).pipe(
-          Effect.flatMap((bytes) => {
-            if (bytes === undefined) return Effect.void
-            filesScanned++
-            const result = scrubber(bytes)
-            if (result.count === 0 && !result.changed) return Effect.void
-            const finding = { path: file, sessionId, legacy, kinds: result.kinds, count: result.count }
-            return options.dryRun || !result.changed
-              ? Effect.sync(() => findings.push({ ...finding, changed: false }))
-              : replace(file, result.bytes, finding)
-          }),
-          Effect.catchAll((cause) => problem(file, cause))
-        )
+export interface SecretScrubberOptions {
+  /** how much older than the scan a file's ctime must be to be recorded clean (tests use 0) */
+  readonly cacheMarginMs?: number
+}
 
-      const isDirectory = (home: string, entry: nodeFs.Dirent): boolean => {
-        if (entry.isDirectory()) return true
-        if (!entry.isSymbolicLink()) return false
-        try {
-          return nodeFs.statSync(path.join(home, entry.name)).isDirectory()
-        } catch {
-          return false
-        }
-      }
+export const makeSecretScrubberLive = (options: SecretScrubberOptions = {}) =>
+  Layer.effect(
+    SecretScrubber,
+    Effect.gen(function* () {
+      const paths = yield* AboxPaths
+      const cacheMarginMs = options.cacheMarginMs ?? 2000
+      const rules = secretRulesVersion()
+      const cacheFile = path.join(paths.home, SCRUB_CACHE_FILE)
 
-      const scrubHome = (home: string, legacy: boolean) =>
-        Effect.try({
-          try: () => nodeFs.readdirSync(home, { withFileTypes: true }),
-          catch: (cause) => cause
-        }).pipe(
-          Effect.flatMap((entries) =>
-            Effect.forEach(
-              entries
-                .filter((entry) => !entry.name.startsWith(".") && isDirectory(home, entry))
-                .map((entry) => entry.name)
-                .sort(),
-              (sessionId) => {
-                sessionsScanned++
-                const dir = path.join(home, sessionId)
-                return Effect.forEach(
-                  SCRUBBED_FILES,
-                  (name) => scrubFile(path.join(dir, name), scrubberFor[name], sessionId, legacy),
-                  { discard: true }
-                )
-              },
-              { discard: true }
+      const scrub = Effect.fn("SecretScrubber.scrub")(function* (options: { readonly dryRun: boolean }) {
+        const findings: Array<ScrubFinding> = []
+        const problems: Array<{ path: string; reason: string }> = []
+        let sessionsScanned = 0
+        let filesScanned = 0
+        const startedMs = Date.now()
+        const known = readCache(cacheFile, rules)
+        const clean = new Map<string, string>()
+
+        const problem = (file: string, cause: unknown) =>
+          Effect.sync(() => problems.push({ path: file, reason: reasonOf(cause) }))
+
+        // Reads go through raw node:fs, synchronously: this runs on every start over ~2,000 small
+        // files, and sync reads with dirent types were measured several times faster than
+        // @effect/platform's async readFile + stat (one thread-pool round trip per call).
+        const read = (file: string) =>
+          Effect.try({ try: () => nodeFs.readFileSync(file), catch: (cause) => cause }).pipe(
+            Effect.map((bytes): Uint8Array | undefined => bytes),
+            // a session without this file is fine; anything else is reported and skipped
+            Effect.catchIf(
+              (cause) => errorCode(cause) === "ENOENT",
+              () => Effect.succeed(undefined)
             )
-          ),
-          Effect.catchAll((cause) => (errorCode(cause) === "ENOENT" ? Effect.void : problem(home, cause)))
-        )
+          )
 
-      yield* scrubHome(paths.sessions, false)
-      if (path.resolve(paths.legacySessions) !== path.resolve(paths.sessions))
-        yield* scrubHome(paths.legacySessions, true)
+        const replace = (file: string, bytes: Uint8Array, finding: Omit<ScrubFinding, "changed">) =>
+          writeFileAtomic(file, bytes, 0o600).pipe(
+            Effect.matchEffect({
+              onFailure: (error) =>
+                Effect.sync(() => {
+                  findings.push({ ...finding, changed: false })
+                  problems.push({ path: file, reason: `cannot replace: ${error.message}` })
+                }),
+              onSuccess: () => Effect.sync(() => findings.push({ ...finding, changed: true }))
+            })
+          )
 
-      const byPath = (a: { readonly path: string }, b: { readonly path: string }) =>
-        a.path.localeCompare(b.path)
-      const report: ScrubReport = {
-        dryRun: options.dryRun,
-        sessionsScanned,
-        filesScanned,
-        findings: findings.sort(byPath),
-        problems: problems.sort(byPath)
-      }
-      return report
+        const scrubFile = (
+          file: string,
+          scrubber: (bytes: Uint8Array) => FileScrub,
+          sessionId: string,
+          legacy: boolean
+        ) =>
+          Effect.gen(function* () {
+            const stat = yield* Effect.try({
+              try: () => nodeFs.statSync(file, { throwIfNoEntry: false }),
+              catch: (cause) => cause
+            })
+            if (stat === undefined) return
+            const key = statKey(stat)
+            filesScanned++
+            if (known.get(file) === key) {
+              clean.set(file, key)
+              return
+            }
+            const bytes = yield* read(file)
+            if (bytes === undefined) return
+            const result = scrubber(bytes)
+            if (result.count === 0 && !result.changed) {
+              if (startedMs - stat.ctimeMs >= cacheMarginMs) clean.set(file, key)
+              return
+            }
+            const finding = { path: file, sessionId, legacy, kinds: result.kinds, count: result.count }
+            if (options.dryRun || !result.changed) findings.push({ ...finding, changed: false })
+            else yield* replace(file, result.bytes, finding)
+          }).pipe(Effect.catchAll((cause) => problem(file, cause)))
+
+        const isDirectory = (home: string, entry: nodeFs.Dirent): boolean => {
+          if (entry.isDirectory()) return true
+          if (!entry.isSymbolicLink()) return false
+          try {
+            return nodeFs.statSync(path.join(home, entry.name)).isDirectory()
+          } catch {
+            return false
+          }
+        }
+
+        const scrubHome = (home: string, legacy: boolean) =>
+          Effect.try({
+            try: () => nodeFs.readdirSync(home, { withFileTypes: true }),
+            catch: (cause) => cause
+          }).pipe(
+            Effect.flatMap((entries) =>
+              Effect.forEach(
+                entries
+                  .filter((entry) => !entry.name.startsWith(".") && isDirectory(home, entry))
+                  .map((entry) => entry.name)
+                  .sort(),
+                (sessionId) => {
+                  sessionsScanned++
+                  const dir = path.join(home, sessionId)
+                  return Effect.forEach(
+                    SCRUBBED_FILES,
+                    (name) => scrubFile(path.join(dir, name), scrubberFor[name], sessionId, legacy),
+                    { discard: true }
+                  )
+                },
+                { discard: true }
+              )
+            ),
+            Effect.catchAll((cause) => (errorCode(cause) === "ENOENT" ? Effect.void : problem(home, cause)))
+          )
+
+        yield* scrubHome(paths.sessions, false)
+        if (path.resolve(paths.legacySessions) !== path.resolve(paths.sessions))
+          yield* scrubHome(paths.legacySessions, true)
+
+        if (!options.dryRun && !sameEntries(clean, known) && nodeFs.existsSync(paths.home)) {
+          const record = { format: 1 as const, rules, files: Object.fromEntries(clean) }
+          // only a speed-up: failing to write it changes nothing the scrub promises
+          yield* writeFileAtomic(cacheFile, Buffer.from(JSON.stringify(record) + "\n", "utf8"), 0o600).pipe(
+            Effect.ignore
+          )
+        }
+
+        const byPath = (a: { readonly path: string }, b: { readonly path: string }) =>
+          a.path.localeCompare(b.path)
+        const report: ScrubReport = {
+          dryRun: options.dryRun,
+          sessionsScanned,
+          filesScanned,
+          findings: findings.sort(byPath),
+          problems: problems.sort(byPath)
+        }
+        return report
+      })
+
+      return SecretScrubber.of({ scrub })
     })
+  )
 
-    return SecretScrubber.of({ scrub })
-  })
-)
+export const SecretScrubberLive = makeSecretScrubberLive()

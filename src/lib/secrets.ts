@@ -20,12 +20,21 @@
  * redaction of something that looked like a key.
  */
 
+import { createHash } from "node:crypto"
+
 export interface SecretSpan {
   readonly kind: string
   /** offsets into the scanned text (bytes, when scanning latin1) */
   readonly start: number
   readonly end: number
 }
+
+/** changes whenever the detection rules change: a record of "no secret here" is only valid under the same rules */
+export const secretRulesVersion = (): string =>
+  createHash("sha256")
+    .update(["1", PREFILTER.source, TOKEN.source, PRIVATE_KEY.source, BEARER.source, NAMED.source].join("\n"))
+    .digest("hex")
+    .slice(0, 16)
 
 /** what a redacted character becomes; runs of it are never reported again */
 export const FILLER = "*"
