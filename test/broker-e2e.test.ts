@@ -5,6 +5,7 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Queue from "effect/Queue"
+import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
@@ -238,6 +239,7 @@ describe("HttpsBroker through the CONNECT proxy (real sockets, no VM)", () => {
           )
           return yield* readAll(socket)
         })
+        yield* env.session.setTurn(3)
         const missing = yield* get
         expect(missing).toMatch(/^HTTP\/1\.1 502/)
         expect(missing).toContain("credential-unavailable")
@@ -249,6 +251,22 @@ describe("HttpsBroker through the CONNECT proxy (real sockets, no VM)", () => {
         expect(env.upstream.seen.map((s) => s.headers["authorization"])).toEqual([
           "Bearer file-secret-1",
           "Bearer file-secret-2"
+        ])
+        yield* env.session.setTurn(undefined)
+        // the broker exposes no "idle" event; the tunnels' close lines come just after the client sees EOF
+        yield* env.session.active.pipe(
+          Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+          Effect.timeout("5 seconds")
+        )
+        const log = yield* env.logEntries
+        expect(log).toHaveLength(9) // 3 × (open, request, close)
+        expect(log.filter((e) => e.turn !== 3)).toEqual([])
+        expect(
+          log.filter((e) => e.event === "request").map((e) => [e.status, e.reason, e.credential])
+        ).toEqual([
+          [502, "credential-unavailable", false],
+          [200, undefined, true],
+          [200, undefined, true]
         ])
       })
     )

@@ -162,6 +162,14 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
 
       const serveTunnel = Effect.fn("HttpsBroker.serveTunnel")(function* (request: TunnelRequest) {
         const started = Date.now()
+        // every line of a tunnel carries the turn it was opened in
+        const openedIn = yield* Ref.get(turn)
+        const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) =>
+          writeLog({
+            time: new Date().toISOString(),
+            ...(openedIn === undefined ? {} : { turn: openedIn }),
+            ...entry
+          })
         const base = { channel: request.channel, host: request.host, port: request.port }
         const refuse = (reason: string) =>
           Effect.zipRight(
