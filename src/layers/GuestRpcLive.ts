@@ -154,7 +154,14 @@ const isTurnEvent = (item: TurnEvent | GuestRpcError): item is TurnEvent =>
 interface Turn {
   readonly queue: Queue.Queue<TurnEvent | GuestRpcError>
   ended: boolean
+  /** completed when the guest ends the turn (turn_end, an error naming it, or a disconnect) */
+  readonly done: Deferred.Deferred<void>
+  /** nobody reads the queue any more (the stream was interrupted): events are dropped */
+  abandoned: boolean
 }
+
+/** after a cancel, how long the host waits for the guest to end the turn before going on */
+const CANCEL_WAIT = Duration.seconds(10)
 
 const connect = (
   socket: net.Socket,
@@ -252,7 +259,7 @@ const connect = (
       switch (message.type) {
         case "agent_event": {
           const turn = turns.get(message.turn)
-          return turn === undefined
+          return turn === undefined || turn.abandoned
             ? Effect.void
             : Queue.offer(turn.queue, { _tag: "Event", event: message.event })
         }
@@ -260,12 +267,16 @@ const connect = (
           const turn = turns.get(message.turn)
           if (turn === undefined) return Effect.void
           turn.ended = true
-          return Queue.offer(turn.queue, {
-            _tag: "End",
-            exitCode: message.exitCode,
-            signal: message.signal,
-            cancelled: message.cancelled
-          })
+          if (turn.abandoned) return Deferred.succeed(turn.done, undefined)
+          return Effect.zipRight(
+            Deferred.succeed(turn.done, undefined),
+            Queue.offer(turn.queue, {
+              _tag: "End",
+              exitCode: message.exitCode,
+              signal: message.signal,
+              cancelled: message.cancelled
+            })
+          )
         }
         case "transfer_end": {
           const pending = transfers.get(message.channel)
@@ -293,9 +304,13 @@ const connect = (
             const turn = turns.get(message.turn)
             if (turn !== undefined) {
               turn.ended = true
-              return Queue.offer(
-                turn.queue,
-                new ProtocolError({ reason: message.code, message: `guest: ${text}` })
+              if (turn.abandoned) return Deferred.succeed(turn.done, undefined)
+              return Effect.zipRight(
+                Deferred.succeed(turn.done, undefined),
+                Queue.offer(
+                  turn.queue,
+                  new ProtocolError({ reason: message.code, message: `guest: ${text}` })
+                )
               )
             }
           }
@@ -320,7 +335,10 @@ const connect = (
         }
         yield* Queue.shutdown(tunnelQueue)
         // last: these wait for the turns' consumers (bounded queues); the scope ends them otherwise
-        for (const turn of turns.values()) if (!turn.ended) yield* Queue.offer(turn.queue, error)
+        for (const turn of turns.values()) {
+          yield* Deferred.succeed(turn.done, undefined)
+          if (!turn.ended && !turn.abandoned) yield* Queue.offer(turn.queue, error)
+        }
       })
 
     yield* Stream.runForEach(control, dispatch).pipe(
@@ -442,15 +460,22 @@ const connect = (
           const id = nextTurn++
           const entry: Turn = {
             queue: yield* Queue.bounded<TurnEvent | GuestRpcError>(TURN_BUFFER),
-            ended: false
+            ended: false,
+            done: yield* Deferred.make<void>(),
+            abandoned: false
           }
           turns.set(id, entry)
           yield* Effect.addFinalizer(() =>
             Effect.gen(function* () {
+              entry.abandoned = true
+              // interrupted before its end: the guest stops the turn, and the next turn waits
+              // (bounded) for it to be over — the guest runs one turn at a time
+              if (!entry.ended && !mux.isClosed) {
+                yield* send({ type: "cancel", turn: id }).pipe(Effect.ignore)
+                yield* Deferred.await(entry.done).pipe(Effect.timeout(CANCEL_WAIT), Effect.ignore)
+              }
               turns.delete(id)
               yield* Queue.shutdown(entry.queue)
-              // interrupted before its end: the guest stops the turn
-              if (!entry.ended && !mux.isClosed) yield* send({ type: "cancel", turn: id }).pipe(Effect.ignore)
             })
           )
           yield* send({ type: "user_turn", turn: id, text })
