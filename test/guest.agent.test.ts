@@ -12,6 +12,17 @@ import { acceptHost, isRoot, listenHost, makeGuestDirs, spawnGuest, writeConfig 
 import type { GuestDirs, GuestProcess, HostConnection } from "./support/fakeHost.js"
 import type * as net from "node:net"
 
+/** the only variables a turn gets: fixed ones, then the egress proxy's */
+const allowedEnv = [
+  "PATH",
+  "HOME",
+  "USER",
+  "LANG",
+  "ABOX_MODEL",
+  ...["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"].flatMap((name) => [name, name.toLowerCase()]),
+  "NODE_USE_ENV_PROXY"
+]
+
 const cleanups: Array<() => void> = []
 afterEach(() => {
   for (const cleanup of cleanups.splice(0).reverse()) cleanup()
@@ -297,6 +308,63 @@ describe("guest agent (real process, fake host)", () => {
     expect(guest.output()).toContain("protocol error from the host")
   })
 
+  it("HTTPS egress: a turn's CONNECT becomes a tunnel the host accepts or denies; CA files are set", async () => {
+    const dirs = makeGuestDirs()
+    fs.chmodSync(dirs.root, 0o755)
+    const pem = "-----BEGIN CERTIFICATE-----\nTESTCA\n-----END CERTIFICATE-----\n"
+    writeConfig(dirs, { brokerCaCert: pem })
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    const opened: Array<string> = []
+    host.listeners.push((message) => {
+      if (message.type !== "tunnel_open") return
+      opened.push(`${message.host}:${message.port}`)
+      if (message.host !== "allowed.test") {
+        void host.mux.sendControl({
+          type: "tunnel_deny",
+          channel: message.channel,
+          reason: "not on the allowlist"
+        })
+        return
+      }
+      void (async () => {
+        const channel = host.mux.channel(message.channel)
+        await host.mux.sendControl({ type: "tunnel_accept", channel: message.channel })
+        let request = ""
+        for await (const chunk of channel.readable) {
+          request += Buffer.from(chunk).toString("latin1")
+          if (request.includes("\r\n\r\n")) break
+        }
+        const body = `via tunnel ${message.channel}: ${request.split("\r\n")[0]}\n`
+        await channel.write(
+          Buffer.from(`HTTP/1.1 200 OK\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`)
+        )
+        await channel.end()
+      })()
+    })
+    await host.mux.sendControl({
+      type: "user_turn",
+      turn: 1,
+      text: [
+        'echo "proxy=$HTTPS_PROXY"',
+        'tail -n 2 "$SSL_CERT_FILE"',
+        'cat "$NODE_EXTRA_CA_CERTS" | head -n 1',
+        'curl -sS -p -x "$HTTPS_PROXY" http://allowed.test:8443/hello',
+        'curl -sS -p -x "$HTTPS_PROXY" http://denied.test:443/ 2>/dev/null; echo "denied rc=$?"'
+      ].join("; ")
+    })
+    await host.next("turn_end")
+    const out = stdoutOf(host, 1)
+    expect(out).toMatch(/^proxy=http:\/\/127\.0\.0\.1:\d+\n/)
+    expect(out).toContain("TESTCA\n-----END CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\n")
+    expect(out).toMatch(/via tunnel 1: GET \/hello HTTP\/1\.1\n/)
+    expect(out).toContain("denied rc=56")
+    expect(opened).toEqual(["allowed.test:8443", "denied.test:443"])
+    expect(host.received.some((entry) => entry.message.type === "tunnel_close")).toBe(true)
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+  })
+
   it.skipIf(!isRoot)(
     "turn processes run unprivileged: cannot kill the agent or write its state",
     async () => {
@@ -323,8 +391,7 @@ describe("guest agent (real process, fake host)", () => {
       // a clean environment: only the fixed variables (+ what sh itself sets)
       const names = lines.filter((line) => line.includes("=")).map((line) => line.slice(0, line.indexOf("=")))
       expect(names).toEqual(expect.arrayContaining(["PATH", "HOME", "USER", "LANG", "ABOX_MODEL"]))
-      for (const name of names)
-        expect(["PATH", "HOME", "USER", "LANG", "ABOX_MODEL", "PWD", "SHLVL", "_", "OLDPWD"]).toContain(name)
+      for (const name of names) expect([...allowedEnv, "PWD", "SHLVL", "_", "OLDPWD"]).toContain(name)
       // the agent survived and still answers
       await host.mux.sendControl({ type: "shutdown" })
       expect((await guest.exited).code).toBe(0)

@@ -14,6 +14,8 @@ export const GUEST_USAGE = `usage: abox-guest [flags]
                                    named abox.rpc, else vsock port 1024)
   --state <dir>                    agent state, holds context.json (default /var/lib/abox)
   --repo <dir>                     the repository copy (default /work/repo)
+  --run <dir>                      runtime files turn processes may read: the broker CA
+                                   bundle (default /run/abox)
   --user <name|uid:gid>            unprivileged owner of the repo and of every turn process
                                    (default agent)
   --on-shutdown <poweroff|exit>    after shutdown: sync + poweroff -f, or exit 0 (default poweroff)
@@ -31,6 +33,7 @@ export const GuestFlags = Schema.Struct({
   rpc: RpcSpec,
   state: Schema.NonEmptyString,
   repo: Schema.NonEmptyString,
+  run: Schema.NonEmptyString,
   user: Schema.NonEmptyString,
   onShutdown: Schema.Literal("poweroff", "exit")
 })
@@ -41,6 +44,7 @@ export const DEFAULT_FLAGS: GuestFlags = {
   rpc: "auto",
   state: "/var/lib/abox",
   repo: "/work/repo",
+  run: "/run/abox",
   user: "agent",
   onShutdown: "poweroff"
 }
@@ -50,6 +54,7 @@ const flagNames: Record<string, keyof GuestFlags> = {
   "--rpc": "rpc",
   "--state": "state",
   "--repo": "repo",
+  "--run": "run",
   "--user": "user",
   "--on-shutdown": "onShutdown"
 }

@@ -13,6 +13,7 @@ process.env.UV_THREADPOOL_SIZE ??= "8"
 
 import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
+import * as path from "node:path"
 import * as Either from "effect/Either"
 import {
   CONFIG_DISK_HEADER,
@@ -21,11 +22,14 @@ import {
   describeConfigDiskProblem
 } from "../protocol/ConfigDisk.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
+import type { ControlMessage } from "../protocol/Messages.js"
 import { Mux } from "../protocol/Mux.js"
 import { archName, GuestAgent, type AgentEnd, type AgentLink } from "./agent.js"
+import { guestProxyEnv, startConnectProxy } from "./connectProxy.js"
 import { ensureStateDir, loadContext } from "./context.js"
 import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
 import { openRpc } from "./rpcPort.js"
+import { TunnelClient } from "./tunnels.js"
 import { TurnRunner } from "./turns.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
 
@@ -76,22 +80,85 @@ const readConfigDisk = async (file: string): Promise<Either.Either<GuestConfig, 
 }
 
 /**
- * The seam for the egress (CONNECT) proxy: when it exists it is started here, before any turn,
- * and returns the variables every turn process gets (HTTPS_PROXY & co, CA bundle paths) plus the
- * handler for the host's tunnel messages. Until then turns run with no proxy (offline).
+ * The egress (CONNECT) proxy, started at boot before any turn: every turn process gets the proxy
+ * variables and, when the config carries the session's broker CA, the CA bundle variables. Files
+ * turn processes must read (the CA, the bundle) go to `--run`, not to the root-only state dir.
  */
 export interface EgressProxy {
   readonly env: Readonly<Record<string, string>>
-  readonly onTunnelMessage?: AgentLinkTunnelHandler
+  readonly onTunnelMessage?: (message: ControlMessage) => void
   readonly close: () => void
 }
-type AgentLinkTunnelHandler = NonNullable<ConstructorParameters<typeof GuestAgent>[0]["onTunnelMessage"]>
+
+const SYSTEM_CA_BUNDLES = [
+  "/etc/ssl/certs/ca-certificates.crt",
+  "/etc/pki/tls/certs/ca-bundle.crt",
+  "/etc/ssl/cert.pem"
+]
+const CA_VARIABLES = [
+  "NODE_EXTRA_CA_CERTS",
+  "SSL_CERT_FILE",
+  "CURL_CA_BUNDLE",
+  "REQUESTS_CA_BUNDLE",
+  "GIT_SSL_CAINFO",
+  "PIP_CERT",
+  "AWS_CA_BUNDLE",
+  "DENO_CERT"
+]
+
+const writeCaFiles = async (runDir: string, pem: string) => {
+  await fs.mkdir(runDir, { recursive: true, mode: 0o755 })
+  await fs.chmod(runDir, 0o755)
+  const sessionCaPath = path.join(runDir, "session-ca.pem")
+  const caBundlePath = path.join(runDir, "ca-bundle.pem")
+  let system = ""
+  for (const candidate of SYSTEM_CA_BUNDLES) {
+    system = await fs.readFile(candidate, "utf8").catch(() => "")
+    if (system !== "") break
+  }
+  const sessionPem = pem.endsWith("\n") ? pem : `${pem}\n`
+  await fs.writeFile(sessionCaPath, sessionPem, { mode: 0o644 })
+  await fs.writeFile(
+    caBundlePath,
+    `${system}${system === "" || system.endsWith("\n") ? "" : "\n"}${sessionPem}`,
+    {
+      mode: 0o644
+    }
+  )
+  return { sessionCaPath, caBundlePath }
+}
 
 export const startEgressProxy = async (
-  _link: AgentLink,
-  _config: GuestConfig,
-  _flags: GuestFlags
-): Promise<EgressProxy> => ({ env: {}, close: () => undefined })
+  link: AgentLink,
+  config: GuestConfig,
+  flags: GuestFlags
+): Promise<EgressProxy> => {
+  const tunnels = new TunnelClient(link, log)
+  let proxy
+  try {
+    proxy = await startConnectProxy({ openTunnel: (host, port) => tunnels.request(host, port) })
+  } catch (error) {
+    log(`the egress proxy did not start, turns run offline: ${errorText(error)}`)
+    return { env: {}, close: () => undefined }
+  }
+  let env: Record<string, string>
+  if (config.brokerCaCert === undefined) {
+    env = guestProxyEnv({ port: proxy.port, caBundlePath: "", sessionCaPath: "" })
+    for (const name of CA_VARIABLES) delete env[name]
+  } else {
+    env = guestProxyEnv({ port: proxy.port, ...(await writeCaFiles(flags.run, config.brokerCaCert)) })
+  }
+  log(`egress proxy on 127.0.0.1:${proxy.port}${config.brokerCaCert === undefined ? " (no broker CA)" : ""}`)
+  const running = proxy
+  return {
+    env,
+    onTunnelMessage: (message) => tunnels.onMessage(message),
+    close: () => {
+      tunnels.close()
+      void running.close()
+    }
+  }
+}
 
 const runCommand = (command: string, args: ReadonlyArray<string>): Promise<number | null> =>
   new Promise((resolve) => {

@@ -18,6 +18,7 @@
  */
 import { spawn, type ChildProcess } from "node:child_process"
 import * as nodeFs from "node:fs"
+import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import * as FileSystem from "@effect/platform/FileSystem"
@@ -111,6 +112,21 @@ export const make = (options: FakeVmmOptions = {}) =>
           Effect.mapError((error) => vmmError("setup_failed", `cannot create ${paths.dir}: ${error.message}`))
         )
 
+      // runtime files turn processes read (the broker CA bundle): outside the 0700 session dir so
+      // that the unprivileged turn user can reach them, and gone with the fake VM
+      const runDir = yield* Effect.acquireRelease(
+        Effect.try({
+          try: () => {
+            const dir = nodeFs.mkdtempSync(path.join(os.tmpdir(), "abox-fake-run-"))
+            nodeFs.chmodSync(dir, 0o755)
+            return dir
+          },
+          catch: (cause) =>
+            vmmError("setup_failed", `cannot create the fake guest's run dir: ${String(cause)}`)
+        }),
+        (dir) => Effect.sync(() => nodeFs.rmSync(dir, { recursive: true, force: true }))
+      )
+
       const argv = [
         ...guestAgentCommand(),
         "--rpc",
@@ -121,6 +137,8 @@ export const make = (options: FakeVmmOptions = {}) =>
         paths.state,
         "--repo",
         paths.repo,
+        "--run",
+        runDir,
         "--on-shutdown",
         "exit",
         ...(isRoot() ? ["--user", FAKE_GUEST_USER] : [])

@@ -26,6 +26,8 @@ export interface HostConnection {
     timeoutMs?: number
   ): Promise<Extract<ControlMessage, { type: T }>>
   readonly closed: Promise<void>
+  /** more handlers for control messages (e.g. a scripted broker answering tunnel_open) */
+  readonly listeners: Array<(message: ControlMessage) => void>
 }
 
 export const acceptHost = (server: net.Server): Promise<HostConnection> =>
@@ -35,8 +37,10 @@ export const acceptHost = (server: net.Server): Promise<HostConnection> =>
       const received: Array<{ at: number; message: ControlMessage }> = []
       const taken = new Set<number>()
       const waiters: Array<() => void> = []
+      const listeners: Array<(message: ControlMessage) => void> = []
       mux.onControl((message) => {
         received.push({ at: performance.now(), message })
+        for (const listener of listeners) listener(message)
         for (const wake of waiters.splice(0)) wake()
       })
       const closed = new Promise<void>((done) => mux.onClose(() => done()))
@@ -70,7 +74,7 @@ export const acceptHost = (server: net.Server): Promise<HostConnection> =>
           })
         }
       }
-      resolve({ mux, socket, received, next, closed })
+      resolve({ mux, socket, received, next, closed, listeners })
     })
   })
 
@@ -129,6 +133,8 @@ export const spawnGuest = (dirs: GuestDirs, extra: ReadonlyArray<string> = []): 
       dirs.state,
       "--repo",
       dirs.repo,
+      "--run",
+      path.join(dirs.root, "run"),
       "--on-shutdown",
       "exit",
       ...(isRoot ? ["--user", "65534:65534"] : []),
