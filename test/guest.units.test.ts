@@ -1,0 +1,143 @@
+/**
+ * Guest agent pieces without a process: flags, context.json, users, transfer targets.
+ */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { describe, expect, it } from "@effect/vitest"
+import * as Either from "effect/Either"
+import * as fc from "fast-check"
+import { archName, resolveTarget } from "../src/guest/agent.js"
+import { ensureStateDir, loadContext, saveContext, type ContextTurn } from "../src/guest/context.js"
+import { DEFAULT_FLAGS, parseArgs, rpcTarget } from "../src/guest/flags.js"
+import { resolveUser } from "../src/guest/user.js"
+
+const tmp = () => fs.mkdtempSync(path.join(os.tmpdir(), "abox-guest-unit-"))
+
+const turn = (n: number): ContextTurn => ({
+  turn: n,
+  text: `echo ${n}`,
+  exitCode: n === 2 ? null : 0,
+  signal: n === 2 ? "SIGTERM" : null,
+  cancelled: n === 2,
+  startedAt: "2026-01-01T00:00:00.000Z",
+  endedAt: "2026-01-01T00:00:01.000Z"
+})
+
+describe("guest flags", () => {
+  it("defaults are the in-VM layout", () => {
+    expect(parseArgs([])).toEqual(Either.right({ _tag: "Run", flags: DEFAULT_FLAGS }))
+    expect(DEFAULT_FLAGS).toMatchObject({
+      config: "/dev/vdb",
+      rpc: "auto",
+      state: "/var/lib/abox",
+      repo: "/work/repo"
+    })
+  })
+
+  it("takes --flag value and --flag=value; rejects unknown flags, missing values and bad values", () => {
+    const parsed = parseArgs(["--rpc", "unix:/tmp/x.sock", "--user=65534:65534", "--on-shutdown", "exit"])
+    expect(Either.getOrThrow(parsed)).toMatchObject({
+      _tag: "Run",
+      flags: { rpc: "unix:/tmp/x.sock", user: "65534:65534", onShutdown: "exit" }
+    })
+    expect(Either.isLeft(parseArgs(["--nope"]))).toBe(true)
+    expect(Either.isLeft(parseArgs(["--state"]))).toBe(true)
+    expect(Either.isLeft(parseArgs(["--on-shutdown", "reboot"]))).toBe(true)
+    expect(Either.isLeft(parseArgs(["--rpc", "tcp:1.2.3.4:5"]))).toBe(true)
+    expect(Either.isLeft(parseArgs(["--rpc", "vsock:abc"]))).toBe(true)
+    expect(parseArgs(["--help"])).toEqual(Either.right({ _tag: "Help" }))
+  })
+
+  it("rpc targets", () => {
+    expect(rpcTarget("auto")).toEqual({ _tag: "Auto" })
+    expect(rpcTarget("unix:/a b/rpc.sock")).toEqual({ _tag: "Unix", path: "/a b/rpc.sock" })
+    expect(rpcTarget("vsock:1024")).toEqual({ _tag: "Vsock", port: 1024 })
+    expect(rpcTarget("/dev/vport0p1")).toEqual({ _tag: "Device", path: "/dev/vport0p1" })
+  })
+})
+
+describe("guest context.json", () => {
+  it("round-trips, atomically (no temp file left), in a 0700 state dir", async () => {
+    const state = path.join(tmp(), "state")
+    await ensureStateDir(state)
+    expect(fs.statSync(state).mode & 0o777).toBe(0o700)
+    expect(await loadContext(state)).toEqual({ turns: [] })
+    await saveContext(state, [turn(1), turn(2)])
+    await saveContext(state, [turn(1), turn(2), turn(3)])
+    expect((await loadContext(state)).turns).toEqual([turn(1), turn(2), turn(3)])
+    expect(fs.readdirSync(state)).toEqual(["context.json"])
+    expect(fs.statSync(path.join(state, "context.json")).mode & 0o777).toBe(0o600)
+  })
+
+  it("keeps a corrupt or too-new file aside and starts empty", async () => {
+    for (const content of ["{not json", '{"format":2,"turns":[]}', '{"format":1,"turns":[{"turn":1}]}']) {
+      const state = tmp()
+      fs.writeFileSync(path.join(state, "context.json"), content)
+      const loaded = await loadContext(state, () => new Date("2026-02-03T04:05:06.789Z"))
+      expect(loaded.turns).toEqual([])
+      expect(loaded.keptAside?.path).toBe(path.join(state, "context.json.corrupt-2026-02-03T04-05-06-789Z"))
+      expect(fs.readFileSync(loaded.keptAside!.path, "utf8")).toBe(content)
+      expect(fs.existsSync(path.join(state, "context.json"))).toBe(false)
+    }
+  })
+
+  it("property: any history survives save → load", async () => {
+    const state = tmp()
+    const arbTurn = fc.record({
+      turn: fc.nat(),
+      text: fc.string(),
+      exitCode: fc.option(fc.integer({ min: 0, max: 255 }), { nil: null }),
+      signal: fc.option(fc.constantFrom("SIGTERM", "SIGKILL"), { nil: null }),
+      cancelled: fc.boolean(),
+      startedAt: fc.constant("2026-01-01T00:00:00.000Z"),
+      endedAt: fc.constant("2026-01-01T00:00:02.000Z")
+    })
+    await fc.assert(
+      fc.asyncProperty(fc.array(arbTurn, { maxLength: 5 }), async (turns) => {
+        await saveContext(state, turns)
+        expect((await loadContext(state)).turns).toEqual(turns)
+      }),
+      { numRuns: 40 }
+    )
+  })
+})
+
+describe("guest users and targets", () => {
+  it("resolves names through passwd and uid:gid without it", async () => {
+    const passwd = path.join(tmp(), "passwd")
+    fs.writeFileSync(passwd, "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n")
+    expect(await resolveUser("agent", passwd)).toEqual({
+      name: "agent",
+      uid: 1000,
+      gid: 1000,
+      home: "/home/agent"
+    })
+    expect(await resolveUser("1000:1000", passwd)).toMatchObject({
+      name: "agent",
+      uid: 1000,
+      home: "/home/agent"
+    })
+    expect(await resolveUser("4242:4343", passwd)).toEqual({
+      name: "uid4242",
+      uid: 4242,
+      gid: 4343,
+      home: "/"
+    })
+    await expect(resolveUser("nobody-here", passwd)).rejects.toThrow(/not in/)
+  })
+
+  it("maps /work/repo targets onto --repo and refuses anything outside it", () => {
+    expect(resolveTarget("/work/repo", "/tmp/r")).toBe("/tmp/r")
+    expect(resolveTarget("/work/repo/sub", "/tmp/r")).toBe("/tmp/r/sub")
+    expect(resolveTarget("/tmp/r/x", "/tmp/r")).toBe("/tmp/r/x")
+    expect(resolveTarget("/work/repo/../etc", "/tmp/r")).toBeUndefined()
+    expect(resolveTarget("/etc", "/tmp/r")).toBeUndefined()
+    expect(resolveTarget("/tmp/rx", "/tmp/r")).toBeUndefined()
+  })
+
+  it("arch names", () => {
+    expect(archName("x64")).toBe("x86_64")
+    expect(archName("arm64")).toBe("aarch64")
+  })
+})
