@@ -31,9 +31,10 @@ import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services
  * The secret scrubber, run on every start over `config.raw` and `guest-config.json` of every
  * session in both homes.
  *
- * - Clean path: each file is read once and scanned once (`findSecretsInBytes`, a prefilter and
- *   a few regexes); a clean file is never written. No cache: reading and scanning ~2,000 small
- *   files is cheap enough (measured in the report of test/scrub.perf.test.ts).
+ * - Clean path: one synchronous pass (`scanHomes`); a file whose stat matches the clean-file
+ *   record (`scrub-cache.json`, see below) is not read; any other is read once and scanned once
+ *   (`findSecretsInBytes`: a prefilter regex, then the rules); a clean file is never written.
+ *   test/scrub.perf.test.ts measures 1,000 clean sessions both ways.
  * - config.raw that decodes: rewritten through `encodeConfigDisk` from the decoded GuestConfig
  *   (which drops unknown fields) with secrets inside its strings redacted; fresh zero padding.
  *   One that does not decode (older layouts, foreign content): redacted in place, same length,
@@ -207,6 +208,84 @@ const readCache = (file: string, rules: string): ReadonlyMap<string, string> => 
 const sameEntries = (a: ReadonlyMap<string, string>, b: ReadonlyMap<string, string>): boolean =>
   a.size === b.size && [...a].every(([key, value]) => b.get(key) === value)
 
+interface DirtyFile {
+  readonly file: string
+  readonly sessionId: string
+  readonly legacy: boolean
+  readonly result: FileScrub
+}
+
+interface Scan {
+  readonly sessionsScanned: number
+  readonly filesScanned: number
+  readonly dirty: ReadonlyArray<DirtyFile>
+  readonly problems: ReadonlyArray<{ readonly path: string; readonly reason: string }>
+  /** files found clean now, for the next start's record */
+  readonly clean: ReadonlyMap<string, string>
+}
+
+const isDirectory = (home: string, entry: nodeFs.Dirent): boolean => {
+  if (entry.isDirectory()) return true
+  if (!entry.isSymbolicLink()) return false
+  const target = nodeFs.statSync(path.join(home, entry.name), { throwIfNoEntry: false })
+  return target?.isDirectory() ?? false
+}
+
+/**
+ * The read-only pass over every session file. Plain synchronous node:fs on purpose: it runs on
+ * every start over ~2,000 small files, where sync stat/read (no thread-pool round trip) and a
+ * plain loop (no per-file effect) were measured several times faster than @effect/platform's
+ * FileSystem. Every failure becomes a problem; nothing here writes.
+ */
+const scanHomes = (
+  homes: ReadonlyArray<{ readonly home: string; readonly legacy: boolean }>,
+  known: ReadonlyMap<string, string>,
+  recordableBeforeMs: number
+): Scan => {
+  const dirty: Array<DirtyFile> = []
+  const problems: Array<{ path: string; reason: string }> = []
+  const clean = new Map<string, string>()
+  let sessionsScanned = 0
+  let filesScanned = 0
+  for (const { home, legacy } of homes) {
+    let entries: Array<nodeFs.Dirent>
+    try {
+      entries = nodeFs.readdirSync(home, { withFileTypes: true })
+    } catch (cause) {
+      // an absent home (the legacy one, usually) is simply empty
+      if (errorCode(cause) !== "ENOENT") problems.push({ path: home, reason: reasonOf(cause) })
+      continue
+    }
+    const sessionIds = entries
+      .filter((entry) => !entry.name.startsWith(".") && isDirectory(home, entry))
+      .map((entry) => entry.name)
+      .sort()
+    for (const sessionId of sessionIds) {
+      sessionsScanned++
+      for (const name of SCRUBBED_FILES) {
+        const file = path.join(home, sessionId, name)
+        try {
+          const stat = nodeFs.statSync(file, { throwIfNoEntry: false })
+          // a session without this file is fine
+          if (stat === undefined) continue
+          filesScanned++
+          const key = statKey(stat)
+          if (known.get(file) === key) {
+            clean.set(file, key)
+            continue
+          }
+          const result = scrubberFor[name](nodeFs.readFileSync(file))
+          if (result.count > 0 || result.changed) dirty.push({ file, sessionId, legacy, result })
+          else if (stat.ctimeMs <= recordableBeforeMs) clean.set(file, key)
+        } catch (cause) {
+          if (errorCode(cause) !== "ENOENT") problems.push({ path: file, reason: reasonOf(cause) })
+        }
+      }
+    }
+  }
+  return { sessionsScanned, filesScanned, dirty, problems, clean }
+}
+
 export interface SecretScrubberOptions {
   /** how much older than the scan a file's ctime must be to be recorded clean (tests use 0) */
   readonly cacheMarginMs?: number
@@ -220,116 +299,41 @@ export const makeSecretScrubberLive = (options: SecretScrubberOptions = {}) =>
       const cacheMarginMs = options.cacheMarginMs ?? 2000
       const rules = secretRulesVersion()
       const cacheFile = path.join(paths.home, SCRUB_CACHE_FILE)
+      const homes = [{ home: paths.sessions, legacy: false }]
+      if (path.resolve(paths.legacySessions) !== path.resolve(paths.sessions)) {
+        homes.push({ home: paths.legacySessions, legacy: true })
+      }
 
       const scrub = Effect.fn("SecretScrubber.scrub")(function* (options: { readonly dryRun: boolean }) {
-        const findings: Array<ScrubFinding> = []
-        const problems: Array<{ path: string; reason: string }> = []
-        let sessionsScanned = 0
-        let filesScanned = 0
         const startedMs = Date.now()
         const known = readCache(cacheFile, rules)
-        const clean = new Map<string, string>()
+        const scan = yield* Effect.sync(() => scanHomes(homes, known, startedMs - cacheMarginMs))
+        const findings: Array<ScrubFinding> = []
+        const problems = [...scan.problems]
 
-        const problem = (file: string, cause: unknown) =>
-          Effect.sync(() => problems.push({ path: file, reason: reasonOf(cause) }))
-
-        // Reads go through raw node:fs, synchronously: this runs on every start over ~2,000 small
-        // files, and sync reads with dirent types were measured several times faster than
-        // @effect/platform's async readFile + stat (one thread-pool round trip per call).
-        const read = (file: string) =>
-          Effect.try({ try: () => nodeFs.readFileSync(file), catch: (cause) => cause }).pipe(
-            Effect.map((bytes): Uint8Array | undefined => bytes),
-            // a session without this file is fine; anything else is reported and skipped
-            Effect.catchIf(
-              (cause) => errorCode(cause) === "ENOENT",
-              () => Effect.succeed(undefined)
-            )
-          )
-
-        const replace = (file: string, bytes: Uint8Array, finding: Omit<ScrubFinding, "changed">) =>
-          writeFileAtomic(file, bytes, 0o600).pipe(
-            Effect.matchEffect({
-              onFailure: (error) =>
-                Effect.sync(() => {
-                  findings.push({ ...finding, changed: false })
-                  problems.push({ path: file, reason: `cannot replace: ${error.message}` })
-                }),
-              onSuccess: () => Effect.sync(() => findings.push({ ...finding, changed: true }))
-            })
-          )
-
-        const scrubFile = (
-          file: string,
-          scrubber: (bytes: Uint8Array) => FileScrub,
-          sessionId: string,
-          legacy: boolean
-        ) =>
-          Effect.gen(function* () {
-            const stat = yield* Effect.try({
-              try: () => nodeFs.statSync(file, { throwIfNoEntry: false }),
-              catch: (cause) => cause
-            })
-            if (stat === undefined) return
-            const key = statKey(stat)
-            filesScanned++
-            if (known.get(file) === key) {
-              clean.set(file, key)
-              return
-            }
-            const bytes = yield* read(file)
-            if (bytes === undefined) return
-            const result = scrubber(bytes)
-            if (result.count === 0 && !result.changed) {
-              if (startedMs - stat.ctimeMs >= cacheMarginMs) clean.set(file, key)
-              return
-            }
+        // only dirty files get here: each is one atomic replace, or a problem
+        yield* Effect.forEach(
+          scan.dirty,
+          ({ file, sessionId, legacy, result }) => {
             const finding = { path: file, sessionId, legacy, kinds: result.kinds, count: result.count }
-            if (options.dryRun || !result.changed) findings.push({ ...finding, changed: false })
-            else yield* replace(file, result.bytes, finding)
-          }).pipe(Effect.catchAll((cause) => problem(file, cause)))
+            return options.dryRun || !result.changed
+              ? Effect.sync(() => findings.push({ ...finding, changed: false }))
+              : writeFileAtomic(file, result.bytes, 0o600).pipe(
+                  Effect.matchEffect({
+                    onFailure: (error) =>
+                      Effect.sync(() => {
+                        findings.push({ ...finding, changed: false })
+                        problems.push({ path: file, reason: `cannot replace: ${error.message}` })
+                      }),
+                    onSuccess: () => Effect.sync(() => findings.push({ ...finding, changed: true }))
+                  })
+                )
+          },
+          { discard: true }
+        )
 
-        const isDirectory = (home: string, entry: nodeFs.Dirent): boolean => {
-          if (entry.isDirectory()) return true
-          if (!entry.isSymbolicLink()) return false
-          try {
-            return nodeFs.statSync(path.join(home, entry.name)).isDirectory()
-          } catch {
-            return false
-          }
-        }
-
-        const scrubHome = (home: string, legacy: boolean) =>
-          Effect.try({
-            try: () => nodeFs.readdirSync(home, { withFileTypes: true }),
-            catch: (cause) => cause
-          }).pipe(
-            Effect.flatMap((entries) =>
-              Effect.forEach(
-                entries
-                  .filter((entry) => !entry.name.startsWith(".") && isDirectory(home, entry))
-                  .map((entry) => entry.name)
-                  .sort(),
-                (sessionId) => {
-                  sessionsScanned++
-                  const dir = path.join(home, sessionId)
-                  return Effect.forEach(
-                    SCRUBBED_FILES,
-                    (name) => scrubFile(path.join(dir, name), scrubberFor[name], sessionId, legacy),
-                    { discard: true }
-                  )
-                },
-                { discard: true }
-              )
-            ),
-            Effect.catchAll((cause) => (errorCode(cause) === "ENOENT" ? Effect.void : problem(home, cause)))
-          )
-
-        yield* scrubHome(paths.sessions, false)
-        if (path.resolve(paths.legacySessions) !== path.resolve(paths.sessions))
-          yield* scrubHome(paths.legacySessions, true)
-
-        if (!options.dryRun && !sameEntries(clean, known) && nodeFs.existsSync(paths.home)) {
-          const record = { format: 1 as const, rules, files: Object.fromEntries(clean) }
+        if (!options.dryRun && !sameEntries(scan.clean, known) && nodeFs.existsSync(paths.home)) {
+          const record = { format: 1 as const, rules, files: Object.fromEntries(scan.clean) }
           // only a speed-up: failing to write it changes nothing the scrub promises
           yield* writeFileAtomic(cacheFile, Buffer.from(JSON.stringify(record) + "\n", "utf8"), 0o600).pipe(
             Effect.ignore
@@ -340,8 +344,8 @@ export const makeSecretScrubberLive = (options: SecretScrubberOptions = {}) =>
           a.path.localeCompare(b.path)
         const report: ScrubReport = {
           dryRun: options.dryRun,
-          sessionsScanned,
-          filesScanned,
+          sessionsScanned: scan.sessionsScanned,
+          filesScanned: scan.filesScanned,
           findings: findings.sort(byPath),
           problems: problems.sort(byPath)
         }
