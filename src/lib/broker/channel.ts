@@ -7,6 +7,13 @@ import * as Stream from "effect/Stream"
 import { Duplex } from "node:stream"
 import type { GuestDisconnected } from "../../services/GuestRpc.js"
 
+/** bytes queued towards the guest before node's writes wait */
+const WRITE_BUFFER = 256 * 1024
+/** largest coalesced channel write */
+const MAX_BATCH = 64 * 1024
+/** bytes from the guest buffered before the reader waits */
+const READ_BUFFER = 256 * 1024
+
 /** The accepted side of a `TunnelRequest`: protocol channel reads, writes and close. */
 export interface TunnelChannel {
   readonly read: Stream.Stream<Uint8Array, GuestDisconnected>
@@ -45,22 +52,71 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
       run(channel.close)
     }
 
+    // Writes are queued and acknowledged at once while under WRITE_BUFFER bytes: node's TLS
+    // hands a stream one write at a time, so waiting for each channel write would make the tunnel
+    // latency-bound. One writer drains the queue, coalescing chunks into bigger channel writes.
+    const queued: Array<Buffer> = []
+    let queuedBytes = 0
+    let writing = false
+    let writeError: Error | undefined
+    let blocked: ((error?: Error | null) => void) | undefined
+    let finalCallback: ((error?: Error | null) => void) | undefined
+    const release = () => {
+      const callback = blocked
+      if (callback !== undefined && (writeError !== undefined || queuedBytes < WRITE_BUFFER)) {
+        blocked = undefined
+        callback(writeError ?? null)
+      }
+      if (finalCallback !== undefined && !writing && (queued.length === 0 || writeError !== undefined)) {
+        const done = finalCallback
+        finalCallback = undefined
+        closeChannel()
+        done(writeError ?? null)
+      }
+    }
+    const pumpWrites = () => {
+      if (writing || queued.length === 0 || writeError !== undefined) return release()
+      writing = true
+      const batch: Array<Buffer> = []
+      let size = 0
+      while (queued.length > 0 && size < MAX_BATCH) {
+        const next = queued.shift()!
+        batch.push(next)
+        size += next.length
+      }
+      const merged = batch.length === 1 ? batch[0]! : Buffer.concat(batch, size)
+      run(channel.write(merged), {
+        onExit: (exit) => {
+          writing = false
+          queuedBytes -= size
+          if (Exit.isFailure(exit)) writeError = new Error("tunnel channel closed")
+          pumpWrites()
+          if (writeError !== undefined && !duplex.destroyed) duplex.destroy(writeError)
+        }
+      })
+      release()
+    }
+
     const duplex: Duplex = new Duplex({
       allowHalfOpen: false,
+      readableHighWaterMark: READ_BUFFER,
+      writableHighWaterMark: WRITE_BUFFER,
       read() {
         const wake = wakeReader
         wakeReader = undefined
         wake?.()
       },
       write(chunk: Buffer, _encoding, callback) {
+        if (writeError !== undefined) return callback(writeError)
         down += chunk.length
-        run(channel.write(chunk), {
-          onExit: (exit) => callback(Exit.isSuccess(exit) ? null : new Error("tunnel channel closed"))
-        })
+        queued.push(chunk)
+        queuedBytes += chunk.length
+        blocked = callback
+        pumpWrites()
       },
       final(callback) {
-        closeChannel()
-        callback()
+        finalCallback = callback
+        pumpWrites()
       },
       destroy(error, callback) {
         closeChannel()
