@@ -131,9 +131,6 @@ describe("FakeVmm close bounds (TestClock)", () => {
   )
 })
 
-/** flip when GuestRpcLive's shutdown bound works inside its finalizer (see the skipped test) */
-const GUEST_RPC_SHUTDOWN_IS_BOUNDED = false
-
 const rpcOptions = { helloTimeout: "20 seconds", shutdownTimeout: "10 seconds" } as const
 const Live = Layer.mergeAll(GuestRpcLive, FakeVmm.layer.pipe(Layer.provide(NodeFileSystem.layer)))
 
@@ -234,7 +231,7 @@ describe("FakeVmm + GuestRpcLive + the real guest agent", () => {
   // Needs GuestRpcLive's shutdown wait to be interruptible: it runs inside a finalizer
   // (uninterruptible), so `timeoutFail` cannot cut `Deferred.await(closed)` and Close hangs on a
   // guest that ignores shutdown. With `Effect.interruptible` before `timeoutFail` this passes.
-  it.live.skipIf(!GUEST_RPC_SHUTDOWN_IS_BOUNDED)(
+  it.live(
     "a guest that ignores shutdown: the RPC bound, then the VMM bounds end it (signalled)",
     () =>
       Effect.gen(function* () {

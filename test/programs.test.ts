@@ -16,6 +16,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { HttpsBrokerLive } from "../src/layers/HttpsBrokerLive.js"
 import { FakeImages } from "../src/layers/Lifecycle.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
@@ -26,7 +27,7 @@ import { SessionStore } from "../src/services/SessionStore.js"
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
 const layerFor = (home: string, vmm = FakeVmm.layer) =>
-  Layer.mergeAll(SessionStoreLive, RuntimeLockLive, GuestRpcLive, vmm, FakeImages).pipe(
+  Layer.mergeAll(SessionStoreLive, RuntimeLockLive, GuestRpcLive, HttpsBrokerLive, vmm, FakeImages).pipe(
     Layer.provideMerge(aboxPathsAt(home)),
     Layer.provideMerge(NodeFileSystem.layer)
   )

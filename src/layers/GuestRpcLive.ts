@@ -352,7 +352,9 @@ const connect = (
     const shutdown: Effect.Effect<void, GuestRpcError> = Effect.gen(function* () {
       if (mux.isClosed || mux.failure !== undefined) return
       yield* send({ type: "shutdown" }).pipe(Effect.catchTag("GuestDisconnected", () => Effect.void))
+      // interruptible: this runs in a finalizer (uninterruptible), where a timeout could not fire
       yield* Deferred.await(closed).pipe(
+        Effect.interruptible,
         Effect.timeoutFail({
           duration: options.shutdownTimeout,
           onTimeout: () =>
@@ -472,7 +474,11 @@ const connect = (
               // (bounded) for it to be over — the guest runs one turn at a time
               if (!entry.ended && !mux.isClosed) {
                 yield* send({ type: "cancel", turn: id }).pipe(Effect.ignore)
-                yield* Deferred.await(entry.done).pipe(Effect.timeout(CANCEL_WAIT), Effect.ignore)
+                yield* Deferred.await(entry.done).pipe(
+                  Effect.interruptible,
+                  Effect.timeout(CANCEL_WAIT),
+                  Effect.ignore
+                )
               }
               turns.delete(id)
               yield* Queue.shutdown(entry.queue)

@@ -11,6 +11,7 @@ import { Images } from "../services/Images.js"
 import { DiskError } from "../services/Images.js"
 import * as FakeVmm from "./FakeVmm.js"
 import { GuestRpcLive } from "./GuestRpcLive.js"
+import { HttpsBrokerLive } from "./HttpsBrokerLive.js"
 import { QemuVmmLive } from "./QemuVmm.js"
 import { RuntimeLockLive } from "./RuntimeLockLive.js"
 
@@ -51,5 +52,5 @@ const backends = Layer.unwrapEffect(
   )
 )
 
-/** What Open, Resume, Turn and Close need beyond the store: lock, VMM, guest RPC, images. */
-export const LifecycleLive = Layer.mergeAll(RuntimeLockLive, GuestRpcLive, backends)
+/** What Open, Resume, Turn and Close need beyond the store: lock, VMM, guest RPC, broker, images. */
+export const LifecycleLive = Layer.mergeAll(RuntimeLockLive, GuestRpcLive, HttpsBrokerLive, backends)

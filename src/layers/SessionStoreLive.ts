@@ -482,7 +482,8 @@ export const makeSessionStore = Effect.gen(function* () {
       ...(input.image !== undefined ? { image: input.image } : {}),
       ...(input.guest !== undefined ? { guest: input.guest } : {}),
       ...(input.vmm !== undefined ? { vmm: input.vmm } : {}),
-      ...(input.resources !== undefined ? { resources: input.resources } : {})
+      ...(input.resources !== undefined ? { resources: input.resources } : {}),
+      ...(input.policy !== undefined ? { policy: input.policy } : {})
     }
     // build the directory under a dot-name, then rename: a session appears whole or not at all
     const staging = path.join(paths.sessions, `.${id}.creating`)

@@ -5,7 +5,7 @@ import * as Exit from "effect/Exit"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
-import type * as Stream from "effect/Stream"
+import * as Stream from "effect/Stream"
 import * as path from "node:path"
 import { writeFileAtomic } from "../lib/atomicFile.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -19,6 +19,8 @@ import {
   type TurnEvent,
   type GuestRpcError
 } from "../services/GuestRpc.js"
+import { AboxPaths } from "../services/AboxPaths.js"
+import { HttpsBroker, type BrokerPolicy, type BrokerSession } from "../services/HttpsBroker.js"
 import { Images, type GoldenImage } from "../services/Images.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
@@ -49,6 +51,11 @@ export interface BootOptions {
   readonly agent?: ReadonlyArray<string> | undefined
   /** test images only: the guest ignores shutdown, so Close takes the bounded kill path */
   readonly ignoreShutdown?: boolean | undefined
+  /**
+   * the HTTPS broker's policy (docs/broker.md); default: the one recorded for the session, else
+   * `$ABOX_HOME/broker.json` if it exists, else deny everything
+   */
+  readonly policy?: BrokerPolicy | undefined
   /** told as each phase of Open/Resume begins (the CLI's step display) */
   readonly onPhase?: ((phase: Phase) => Effect.Effect<void>) | undefined
 }
@@ -101,10 +108,43 @@ const writeConfig = Effect.fn("session.writeConfig")(function* (
   yield* store.writeGuestConfig(id, config)
 })
 
-const guestConfigFor = (id: string, options: BootOptions): GuestConfig => ({
+/** the broker denies every tunnel */
+export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], resolve: {} }
+
+/** `$ABOX_HOME/broker.json` when the user wrote one, else deny everything */
+const defaultPolicy = Effect.gen(function* () {
+  const paths = yield* AboxPaths
+  const broker = yield* HttpsBroker
+  const file = path.join(paths.home, "broker.json")
+  const present = yield* Effect.promise(() =>
+    import("node:fs/promises").then((fs) =>
+      fs.access(file).then(
+        () => true,
+        () => false
+      )
+    )
+  )
+  return present ? yield* broker.loadPolicy(file) : DENY_ALL
+})
+
+const guestConfigFor = (
+  id: string,
+  options: BootOptions,
+  policy: BrokerPolicy,
+  caCert: string
+): GuestConfig => ({
   format: GUEST_CONFIG_FORMAT,
   sessionId: id,
   model: options.model ?? DEFAULT_MODEL,
+  brokerCaCert: caCert,
+  // the agent's processes see these names with a placeholder; the broker adds the real value
+  placeholderEnv: [
+    ...new Set(
+      policy.credentials.flatMap((rule) =>
+        "fromEnv" in rule && rule.fromEnv !== undefined ? [rule.fromEnv] : []
+      )
+    )
+  ],
   ...(options.agent !== undefined ? { agent: { argv: [...options.agent] } } : {}),
   ...(options.ignoreShutdown === true ? { ignoreShutdown: true } : {})
 })
@@ -118,16 +158,20 @@ const boot = Effect.fn("session.boot")(function* (
   meta: SessionMeta,
   image: Pick<GoldenImage, "kernel" | "initrd" | "arch">,
   lock: HeldLock,
-  options: BootOptions
+  options: BootOptions,
+  policy: BrokerPolicy
 ) {
   const store = yield* SessionStore
   const vmm = yield* VmmBackend
   const rpc = yield* GuestRpc
+  const httpsBroker = yield* HttpsBroker
   const dir = store.dir(meta.id)
   const files = sessionFiles(dir)
 
   yield* phase(options, "config")
-  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options))
+  // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
+  const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
+  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker.caCertPem))
 
   const vmRef = yield* Ref.make(Option.none<VmHandle>())
   yield* Effect.addFinalizer(() =>
@@ -179,23 +223,36 @@ const boot = Effect.fn("session.boot")(function* (
       )
     )
   )
-  return yield* Effect.raceFirst(listener.accept, died)
+  const connection = yield* Effect.raceFirst(listener.accept, died)
+  yield* Effect.forkScoped(broker.serve(connection.tunnels))
+  return { connection, broker }
 })
 
 const sessionFrom = (
   meta: SessionMeta,
   dir: string,
-  connection: GuestConnection,
+  booted: { readonly connection: GuestConnection; readonly broker: BrokerSession },
   skipped: ReadonlyArray<string>
-): Session => ({
-  id: meta.id,
-  dir,
-  meta,
-  hello: connection.hello,
-  connection,
-  turn: (text) => connection.turn(text),
-  skipped
-})
+): Session => {
+  const { connection, broker } = booted
+  // turns are numbered after the ones the guest remembers, so broker.log lines up with context.json
+  let turns = connection.hello.contextTurns ?? 0
+  return {
+    id: meta.id,
+    dir,
+    meta,
+    hello: connection.hello,
+    connection,
+    turn: (text) =>
+      Stream.unwrapScoped(
+        Effect.acquireRelease(
+          Effect.suspend(() => broker.setTurn(++turns)),
+          () => broker.setTurn(undefined)
+        ).pipe(Effect.as(connection.turn(text)))
+      ),
+    skipped
+  }
+}
 
 /**
  * Runs `build` in a scope of its own, forked from the caller's: on success the resources join
@@ -232,6 +289,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
 
   yield* phase(options, "snapshot")
   const snapshot = yield* snapshotSource(options.source)
+  const policy = options.policy ?? (yield* defaultPolicy)
   const image = yield* images.resolve(options.image)
   if (image.arch !== vmm.arch) {
     return yield* new VmmError({
@@ -249,7 +307,8 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     image: image.identity,
     guest: { arch: image.arch, protocol: image.protocol },
     vmm: { backend: vmm.name },
-    resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB }
+    resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB },
+    policy
   })
   const dir = store.dir(meta.id)
 
@@ -258,11 +317,11 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
       const held = yield* lock.acquire(meta.id)
       yield* phase(options, "clone")
       yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
-      const connection = yield* boot(meta, image, held, options)
+      const booted = yield* boot(meta, image, held, options, policy)
       yield* phase(options, "transfer")
-      yield* connection.transfer(snapshot.tar, GUEST_REPO)
+      yield* booted.connection.transfer(snapshot.tar, GUEST_REPO)
       yield* phase(options, "ready")
-      return sessionFrom(meta, dir, connection, snapshot.skipped)
+      return sessionFrom(meta, dir, booted, snapshot.skipped)
     }),
     store.remove(meta.id)
   )
@@ -293,17 +352,23 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       const image = yield* images.resolve(
         recorded.image !== undefined ? `${recorded.image.name}@${recorded.image.digest}` : undefined
       )
+      const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
       const meta = yield* store.update(id, (current) => ({
         ...current,
         model: options.model ?? current.model,
+        policy,
         guest: compat.guest,
         vmm: compat.vmm,
         ...(compat.backfilled ? { backfilled: new Date().toISOString() } : {})
       }))
-      const connection = yield* boot(meta, { ...image, arch: compat.guest.arch }, held, {
-        ...options,
-        model: meta.model
-      })
+      const booted = yield* boot(
+        meta,
+        { ...image, arch: compat.guest.arch },
+        held,
+        { ...options, model: meta.model },
+        policy
+      )
+      const connection = booted.connection
       // the guest's own word on its protocol wins over what was recorded (or backfilled)
       const current =
         connection.hello.protocol === meta.guest?.protocol
@@ -313,7 +378,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
               guest: { arch: compat.guest.arch, protocol: connection.hello.protocol }
             }))
       yield* phase(options, "ready")
-      return sessionFrom(current, store.dir(id), connection, [])
+      return sessionFrom(current, store.dir(id), booted, [])
     }),
     Effect.void
   )

@@ -20,6 +20,11 @@ export const GuestConfig = Schema.Struct({
   agent: Schema.optional(AgentCommand),
   /** PEM of the per-session broker CA (public certificate only) */
   brokerCaCert: Schema.optional(Schema.String),
+  /**
+   * names of environment variables the agent's processes get with a placeholder value
+   * (credentials the broker adds on the host side); names only, never a value
+   */
+  placeholderEnv: Schema.optional(Schema.Array(Schema.String)),
   /** test images only: the agent ignores `shutdown` so the host's bounded kill path runs */
   ignoreShutdown: Schema.optional(Schema.Boolean)
 })

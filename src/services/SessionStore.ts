@@ -1,6 +1,7 @@
 import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
+import { BrokerPolicy } from "../lib/broker/policy.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 
 export const SESSION_FORMAT = 1
@@ -46,6 +47,8 @@ export const SessionMeta = Schema.Struct({
   guest: Schema.optional(Schema.Struct({ arch: GuestArch, protocol: Schema.Number })),
   vmm: Schema.optional(Schema.Struct({ backend: VmmBackendName })),
   resources: Schema.optional(Schema.Struct({ cpus: Schema.Number, memoryMiB: Schema.Number })),
+  /** the HTTPS broker's policy for this session (names of credentials, never their values) */
+  policy: Schema.optional(BrokerPolicy),
   /** set when macOS/arm64 backfilled the narrow legacy format on resume */
   backfilled: Schema.optional(Schema.String),
   /** short socket path used where the session dir is too long for a unix socket (macOS: 104 bytes) */
@@ -118,6 +121,7 @@ export interface NewSession {
   readonly guest?: SessionMeta["guest"]
   readonly vmm?: SessionMeta["vmm"]
   readonly resources?: SessionMeta["resources"]
+  readonly policy?: SessionMeta["policy"]
 }
 
 /**
