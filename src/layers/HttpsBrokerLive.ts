@@ -148,6 +148,16 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
             new BrokerError({ reason: "log", message: `could not open ${logPath}: ${cause.message}` })
         )
       )
+      const contexts = new Map<string, tls.SecureContext>()
+      const contextFor = (host: string) => {
+        let context = contexts.get(host)
+        if (context === undefined) {
+          const leaf = ca.leaf(host)
+          context = tls.createSecureContext({ cert: leaf.certPem, key: leaf.keyPem })
+          contexts.set(host, context)
+        }
+        return context
+      }
       const turn = yield* Ref.make<number | undefined>(undefined)
       const active = yield* Ref.make(0)
       const fibers = yield* FiberSet.make()
@@ -299,7 +309,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
             terminateTunnel(guest.duplex, {
               host: decision.host,
               port: request.port,
-              leaf: ca.leaf(decision.host),
+              secureContext: contextFor(decision.host),
               credential: {
                 header: rule.header,
                 value: () =>

@@ -22,7 +22,8 @@ export interface TerminateOptions {
   /** the tunnel's (normalised) host and port: SNI and Host must name this host */
   readonly host: string
   readonly port: number
-  readonly leaf: { readonly certPem: string; readonly keyPem: string }
+  /** the leaf certificate for `host` from the session CA, as a TLS context (cached by the caller) */
+  readonly secureContext: tls.SecureContext
   /** header name and a reader for its value (called per request; undefined: not available) */
   readonly credential: { readonly header: string; readonly value: () => Promise<string | undefined> }
   /** a TCP connection to the checked address (the broker resolved and checked it once) */
@@ -95,7 +96,7 @@ const plainResponse = (status: number, text: string) =>
  */
 export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promise<void> =>
   new Promise<void>((resolve) => {
-    const secureContext = tls.createSecureContext({ cert: options.leaf.certPem, key: options.leaf.keyPem })
+    const secureContext = options.secureContext
     const upstreamCa = options.upstreamCa === undefined ? undefined : [...options.upstreamCa]
     const credentialHeader = options.credential.header.toLowerCase()
     let denied = false
