@@ -25,7 +25,7 @@ import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type { ControlMessage } from "../protocol/Messages.js"
 import { Mux } from "../protocol/Mux.js"
 import { archName, GuestAgent, type AgentEnd, type AgentLink } from "./agent.js"
-import { guestProxyEnv, startConnectProxy } from "./connectProxy.js"
+import { CREDENTIAL_PLACEHOLDER, guestProxyEnv, startConnectProxy } from "./connectProxy.js"
 import { ensureStateDir, loadContext } from "./context.js"
 import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
 import { openRpc } from "./rpcPort.js"
@@ -127,6 +127,10 @@ const writeCaFiles = async (runDir: string, pem: string) => {
   )
   return { sessionCaPath, caBundlePath }
 }
+
+/** credentials the broker adds on the host side: the turn sees their names with a placeholder value */
+export const placeholderEnv = (config: GuestConfig): Record<string, string> =>
+  Object.fromEntries((config.placeholderEnv ?? []).map((name) => [name, CREDENTIAL_PLACEHOLDER]))
 
 export const startEgressProxy = async (
   link: AgentLink,
@@ -235,7 +239,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     model: config.right.model,
     user,
     agentArgv: config.right.agent?.argv,
-    extraEnv: proxy.env
+    extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
   })
   // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent
   process.once("SIGTERM", () => {
