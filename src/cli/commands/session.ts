@@ -7,6 +7,7 @@ import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import { open, resume, type BootOptions, type Phase, type Session } from "../../programs/session.js"
 import type { TurnEvent } from "../../services/GuestRpc.js"
+import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { CliExit, edge } from "../render.js"
 import { interactive } from "../interactive.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
@@ -34,6 +35,12 @@ const agent = Options.text("agent").pipe(
   Options.repeated,
   Options.withDescription("agent command argv (repeat per word); default: each turn runs as a shell command")
 )
+const policy = Options.file("policy", { exists: "yes" }).pipe(
+  Options.optional,
+  Options.withDescription(
+    "HTTPS broker policy file (docs/broker.md); default: the session's, else $ABOX_HOME/broker.json, else deny all"
+  )
+)
 const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
   Args.withDescription("the repository to copy into the session")
 )
@@ -44,12 +51,19 @@ const bootOptions = (args: {
   readonly cpus: Option.Option<number>
   readonly memory: Option.Option<number>
   readonly agent: ReadonlyArray<string>
-}): BootOptions => ({
-  model: Option.getOrUndefined(args.model),
-  cpus: Option.getOrUndefined(args.cpus),
-  memoryMiB: Option.getOrUndefined(args.memory),
-  agent: args.agent.length > 0 ? args.agent : undefined
-})
+  readonly policy: Option.Option<string>
+}) =>
+  Effect.gen(function* () {
+    const broker = yield* HttpsBroker
+    const policy = Option.isSome(args.policy) ? yield* broker.loadPolicy(args.policy.value) : undefined
+    return {
+      model: Option.getOrUndefined(args.model),
+      cpus: Option.getOrUndefined(args.cpus),
+      memoryMiB: Option.getOrUndefined(args.memory),
+      agent: args.agent.length > 0 ? args.agent : undefined,
+      policy
+    } satisfies BootOptions
+  })
 
 /** The step display: each phase of Open/Resume with the time it took, on stderr. */
 const stepDisplay = (enabled: boolean) => {
@@ -101,6 +115,7 @@ export const run = Command.make(
     cpus,
     memory,
     agent,
+    policy,
     keep: Options.boolean("keep").pipe(
       Options.withDescription(
         "print how to resume the session afterwards (the session stays on disk either way)"
@@ -114,7 +129,7 @@ export const run = Command.make(
       Effect.scoped(
         Effect.gen(function* () {
           const session = yield* open({
-            ...bootOptions(args),
+            ...(yield* bootOptions(args)),
             source: args.source,
             name: Option.getOrUndefined(args.name),
             image: Option.getOrUndefined(args.image),
@@ -127,23 +142,26 @@ export const run = Command.make(
     )
 ).pipe(Command.withDescription("open a session on <dir>, run one turn, close; exits with the turn's status"))
 
-export const openCommand = Command.make("open", { source, name, model, image, cpus, memory, agent }, (args) =>
-  edge({ json: false })(
-    Effect.scoped(
-      Effect.gen(function* () {
-        const session = yield* open({
-          ...bootOptions(args),
-          source: args.source,
-          name: Option.getOrUndefined(args.name),
-          image: Option.getOrUndefined(args.image),
-          onPhase: stepDisplay(true)
+export const openCommand = Command.make(
+  "open",
+  { source, name, model, image, cpus, memory, agent, policy },
+  (args) =>
+    edge({ json: false })(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const session = yield* open({
+            ...bootOptions(args),
+            source: args.source,
+            name: Option.getOrUndefined(args.name),
+            image: Option.getOrUndefined(args.image),
+            onPhase: stepDisplay(true)
+          })
+          for (const skipped of session.skipped)
+            yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+          yield* interactive(session)
         })
-        for (const skipped of session.skipped)
-          yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-        yield* interactive(session)
-      })
+      )
     )
-  )
 ).pipe(
   Command.withDescription(
     "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes)"
@@ -152,14 +170,14 @@ export const openCommand = Command.make("open", { source, name, model, image, cp
 
 export const resumeCommand = Command.make(
   "resume",
-  { ref: sessionRef, model, cpus, memory, agent, json, turn: turnWords },
+  { ref: sessionRef, model, cpus, memory, agent, policy, json, turn: turnWords },
   (args) =>
     edge({ json: args.json })(
       Effect.scoped(
         Effect.gen(function* () {
           const interactiveMode = args.turn.length === 0
           const session = yield* resume(args.ref, {
-            ...bootOptions(args),
+            ...(yield* bootOptions(args)),
             onPhase: stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
           })
           if (interactiveMode) yield* interactive(session)

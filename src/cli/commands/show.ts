@@ -3,9 +3,19 @@ import * as Command from "@effect/cli/Command"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import { AboxPaths } from "../../services/AboxPaths.js"
-import { SessionStore } from "../../services/SessionStore.js"
+import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, printJson } from "../render.js"
 import { json } from "./list.js"
+
+/** the broker policy in one line: what may be reached, and which hosts get a credential (by name, never a value) */
+const describePolicy = (policy: NonNullable<SessionMeta["policy"]>): string => {
+  if (policy.allow.length === 0) return "deny all"
+  const allow = policy.allow.map((rule) => `${rule.host}:${rule.ports.join(",")}`).join(" ")
+  const credentials = policy.credentials.map(
+    (rule) => `${rule.host} ${rule.header} from ${"fromEnv" in rule ? `$${rule.fromEnv}` : rule.fromFile}`
+  )
+  return `allow ${allow}${credentials.length > 0 ? `; credentials: ${credentials.join(", ")}` : ""}`
+}
 
 export const sessionRef = Args.text({ name: "id|name" }).pipe(
   Args.withDescription("a session id or a session name")
@@ -36,7 +46,8 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
           "resources",
           meta.resources ? `${meta.resources.cpus} cpus, ${meta.resources.memoryMiB} MiB` : undefined
         ],
-        ["last close", meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined]
+        ["last close", meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined],
+        ["broker", meta.policy ? describePolicy(meta.policy) : "(no policy recorded: deny all)"]
       ]
       yield* Console.log(
         lines.flatMap(([k, v]) => (v === undefined ? [] : [`${(k + ":").padEnd(11)} ${v}`])).join("\n")
