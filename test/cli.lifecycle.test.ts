@@ -1,0 +1,159 @@
+/**
+ * The built CLI as a user runs it, over the fake backend (the real guest agent as a host
+ * process): run/resume, exit statuses, JSON lines, concurrent resumes, and SIGTERM mid-turn.
+ * The same paths on a real VM are in test/e2e-cli.test.ts.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { spawn } from "node:child_process"
+import { createHash } from "node:crypto"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { buildCli, cliBundle, removeTempHomes, runCli, tempHome } from "./cliHelpers.js"
+
+const fake = { ABOX_VMM: "fake" }
+let source = ""
+
+beforeAll(async () => {
+  await buildCli()
+  source = tempHome()
+  fs.writeFileSync(path.join(source, "README.md"), "hello\n")
+}, 120_000)
+afterAll(() => removeTempHomes())
+
+const sessionFiles = (home: string, id: string) => {
+  const dir = path.join(home, "sessions", id)
+  return Object.fromEntries(
+    fs
+      .readdirSync(dir)
+      .filter((f) => fs.statSync(path.join(dir, f)).isFile())
+      .map((f) => [
+        f,
+        createHash("sha256")
+          .update(fs.readFileSync(path.join(dir, f)))
+          .digest("hex")
+      ])
+  )
+}
+
+/** start the CLI; resolves with the exit once it ends */
+const startCli = (home: string, args: ReadonlyArray<string>) => {
+  const child = spawn(process.execPath, [cliBundle, ...args], {
+    env: { PATH: process.env.PATH ?? "", HOME: path.join(home, "user"), ABOX_HOME: home, ...fake },
+    stdio: ["ignore", "pipe", "pipe"]
+  })
+  let stdout = ""
+  let stderr = ""
+  child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
+  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
+  const exited = new Promise<{
+    code: number | null
+    signal: NodeJS.Signals | null
+    stdout: string
+    stderr: string
+    at: number
+  }>((resolve) =>
+    child.on("exit", (code, signal) => resolve({ code, signal, stdout, stderr, at: Date.now() }))
+  )
+  const sees = (text: string) =>
+    new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`never saw ${text}; stdout: ${stdout}; stderr: ${stderr}`)),
+        30_000
+      )
+      const check = () => {
+        if (stdout.includes(text)) {
+          clearTimeout(timer)
+          resolve()
+        }
+      }
+      child.stdout.on("data", check)
+      check()
+    })
+  return { child, exited, sees }
+}
+
+const processesOf = (home: string) =>
+  fs.readdirSync("/proc").filter((p) => {
+    if (!/^\d+$/.test(p)) return false
+    try {
+      return fs.readFileSync(`/proc/${p}/cmdline`, "utf8").includes(home)
+    } catch {
+      return false
+    }
+  })
+
+describe("abox run / resume (built CLI, fake backend)", () => {
+  it("run --json: the session id first, then every event; the exit status is the turn's", () => {
+    const home = tempHome()
+    const r = runCli(
+      home,
+      ["run", "--json", source, "--", "echo", "out;", "echo", "written", ">", "f.txt;", "exit", "3"],
+      fake
+    )
+    expect(r.code).toBe(3)
+    const lines = r.stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(Object.keys(lines[0]!)).toContain("session")
+    expect(lines.at(-1)).toMatchObject({ event: { _tag: "End", exitCode: 3 } })
+    expect(lines.some((l) => JSON.stringify(l).includes('"data":"out\\n"'))).toBe(true)
+    const id = lines[0]!.session as string
+    const again = runCli(home, ["resume", id, "--", "cat", "f.txt"], fake)
+    expect(again.code).toBe(0)
+    expect(again.stdout).toBe("written\n")
+  })
+
+  it("10 concurrent resumes: exactly one boots, the others fail SessionBusy fast and change nothing", async () => {
+    const home = tempHome()
+    const first = runCli(home, ["run", "--json", source, "--", "true"], fake)
+    const id = (JSON.parse(first.stdout.split("\n")[0]!) as { session: string }).session
+
+    // a holder that has booted: the others must not touch a single file of the session
+    const holder = startCli(home, ["resume", id, "--", "echo booted; sleep 4"])
+    await holder.sees("booted")
+    const before = sessionFiles(home, id)
+    const losers = await Promise.all(
+      Array.from({ length: 9 }, () => startCli(home, ["resume", id, "--json", "--", "true"]).exited)
+    )
+    for (const loser of losers) {
+      expect(loser.code).toBe(75)
+      expect(JSON.parse(loser.stdout)).toMatchObject({ error: { _tag: "SessionBusy", sessionId: id } })
+    }
+    expect(sessionFiles(home, id)).toEqual(before)
+    expect((await holder.exited).code).toBe(0)
+
+    // and a real race: ten at once, one winner
+    const racers = await Promise.all(
+      Array.from({ length: 10 }, () => startCli(home, ["resume", id, "--", "sleep 1"]).exited)
+    )
+    const codes = racers.map((r) => r.code).sort()
+    expect(codes.filter((c) => c === 0)).toHaveLength(1)
+    expect(codes.filter((c) => c === 75)).toHaveLength(9)
+  })
+
+  it("SIGTERM during a turn: the one close path, exit 143, the close recorded, no process left", async () => {
+    const home = tempHome()
+    const run = startCli(home, ["run", source, "--", "echo started; sleep 60"])
+    await run.sees("started")
+    const signalled = Date.now()
+    run.child.kill("SIGTERM")
+    const exit = await run.exited
+    expect(exit.code).toBe(143)
+    expect(exit.at - signalled).toBeLessThan(20_000)
+    const id = fs.readdirSync(path.join(home, "sessions")).find((d) => !d.startsWith("."))!
+    const meta = JSON.parse(fs.readFileSync(path.join(home, "sessions", id, "session.json"), "utf8")) as {
+      lastClose?: { how: string }
+    }
+    expect(meta.lastClose?.how).toBe("graceful")
+    expect(processesOf(home)).toEqual([])
+  })
+
+  it("resume without an id is refused; resume of an unknown id says so", () => {
+    const home = tempHome()
+    expect(runCli(home, ["resume"], fake).code).toBe(64)
+    const r = runCli(home, ["resume", "--json", "nope", "--", "true"], fake)
+    expect(r.code).toBe(65)
+    expect(JSON.parse(r.stdout)).toMatchObject({ error: { _tag: "SessionNotFound" } })
+  })
+})
