@@ -140,12 +140,22 @@ describe("socket paths (104-byte sun_path on macOS)", () => {
       yield* ensureSocketDir(socket, uid)
       const stat = fs.lstatSync(shortSocketDir(uid))
       expect(stat.isDirectory() && (stat.mode & 0o777) === 0o700 && stat.uid === uid).toBe(true)
-      // checked against another uid: the directory is not theirs
-      const other = yield* Effect.flip(
-        ensureSocketDir(path.join(shortSocketDir(uid), "x.sock"), uid + 1)
-      ).pipe(Effect.orElseSucceed(() => undefined))
-      // (uid+1's directory is /tmp/abox-<uid+1>, not this one: nothing to check, so it passes)
-      expect(other).toBeUndefined()
+      // a /tmp/abox-<uid> that someone else made (here: us, for a uid that is not ours) is refused
+      const foreign = uid + 4242
+      fs.rmSync(shortSocketDir(foreign), { recursive: true, force: true })
+      fs.mkdirSync(shortSocketDir(foreign), { mode: 0o700 })
+      const refused = yield* Effect.flip(
+        ensureSocketDir(path.join(shortSocketDir(foreign), "x.sock"), foreign)
+      )
+      expect(refused.reason).toMatch(/owned by uid/)
+      // and so is a symlink planted in its place
+      fs.rmSync(shortSocketDir(foreign), { recursive: true, force: true })
+      fs.symlinkSync(os.tmpdir(), shortSocketDir(foreign))
+      const planted = yield* Effect.flip(
+        ensureSocketDir(path.join(shortSocketDir(foreign), "x.sock"), foreign)
+      )
+      expect(planted.reason).toMatch(/not a directory/)
+      fs.rmSync(shortSocketDir(foreign), { force: true })
     })
   )
 })
@@ -235,12 +245,17 @@ const fakeLog = (spec: VmSpec): Array<FakeEvent> =>
     .filter((line) => line !== "")
     .map((line) => JSON.parse(line) as FakeEvent)
 
+/** running (a zombie waiting for init to reap it, after its parent was SIGKILLed, is not) */
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0)
-    return true
   } catch {
     return false
+  }
+  try {
+    return !/^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, "utf8"))
+  } catch {
+    return true
   }
 }
 

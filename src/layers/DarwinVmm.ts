@@ -130,6 +130,9 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
           const waitExit = (bound: Duration.DurationInput) =>
             Deferred.await(exited).pipe(
               Effect.zipRight(Deferred.await(helperExit)),
+              // finalizers run uninterruptibly, and a timeout cannot cut short an uninterruptible
+              // wait: without this, the bound would wait for the exit it is meant to bound
+              Effect.interruptible,
               Effect.timeout(bound),
               Effect.option,
               Effect.map((o) => Option.isSome(o))
