@@ -15,10 +15,12 @@ import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
+import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as fc from "fast-check"
 import { DarwinVmmLive, fallbackSignalFor } from "../src/layers/DarwinVmm.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { chooseBackend } from "../src/layers/Lifecycle.js"
 import {
   ensureSocketDir,
   maxSocketPathBytes,
@@ -94,6 +96,14 @@ describe("vfkit command line", () => {
   it("the fallback signal is SIGINT on macOS, SIGTERM elsewhere", () => {
     expect(fallbackSignalFor("darwin")).toBe("SIGINT")
     expect(fallbackSignalFor("linux")).toBe("SIGTERM")
+  })
+
+  it("the lifecycle picks vz on macOS, QEMU elsewhere, unless ABOX_VMM says otherwise", () => {
+    expect(chooseBackend(Option.none(), "darwin")).toBe("vz")
+    expect(chooseBackend(Option.none(), "linux")).toBe("qemu")
+    expect(chooseBackend(Option.some("qemu"), "darwin")).toBe("qemu")
+    expect(chooseBackend(Option.some("vz"), "linux")).toBe("vz")
+    expect(chooseBackend(Option.some("fake"), "darwin")).toBe("fake")
   })
 })
 

@@ -12,15 +12,23 @@ import { DiskError } from "../services/Images.js"
 import * as FakeVmm from "./FakeVmm.js"
 import { GuestRpcLive } from "./GuestRpcLive.js"
 import { HttpsBrokerLive } from "./HttpsBrokerLive.js"
+import { DarwinVmmLive } from "./DarwinVmm.js"
 import { QemuVmmLive } from "./QemuVmm.js"
 import { RuntimeLockLive } from "./RuntimeLockLive.js"
 
 /**
- * The backend by platform (QEMU on Linux; macOS's Virtualization.framework backend is chosen
- * by its own layer), overridable with `ABOX_VMM=qemu|fake`. `fake` runs the real guest agent
- * as a host process: a test backend, with a placeholder image (its root disk is a directory).
+ * The backend by platform (vz — vfkit / Virtualization.framework — on macOS, QEMU elsewhere),
+ * overridable with `ABOX_VMM=qemu|vz|fake`. `fake` runs the real guest agent as a host process:
+ * a test backend, with a placeholder image (its root disk is a directory).
  */
-export const vmmChoice = Config.literal("qemu", "fake")("ABOX_VMM").pipe(Config.option)
+export const vmmChoice = Config.literal("qemu", "vz", "fake")("ABOX_VMM").pipe(Config.option)
+
+/** the backend a host uses: the explicit choice, else by platform */
+export const chooseBackend = (
+  choice: Option.Option<"qemu" | "vz" | "fake">,
+  platform: NodeJS.Platform = process.platform
+): "qemu" | "vz" | "fake" =>
+  Option.getOrElse(choice, () => (platform === "darwin" ? ("vz" as const) : ("qemu" as const)))
 
 export const FakeImages = Layer.succeed(Images, {
   resolve: () =>
@@ -45,11 +53,12 @@ export const FakeImages = Layer.succeed(Images, {
 })
 
 const backends = Layer.unwrapEffect(
-  Effect.map(vmmChoice, (choice) =>
-    Option.getOrElse(choice, () => "qemu" as const) === "fake"
-      ? Layer.merge(FakeVmm.layer, FakeImages)
-      : Layer.merge(QemuVmmLive(), ImagesLive.pipe(Layer.provide(NodeCommandExecutor.layer)))
-  )
+  Effect.map(vmmChoice, (choice) => {
+    const backend = chooseBackend(choice)
+    if (backend === "fake") return Layer.merge(FakeVmm.layer, FakeImages)
+    const images = ImagesLive.pipe(Layer.provide(NodeCommandExecutor.layer))
+    return Layer.merge(backend === "vz" ? DarwinVmmLive() : QemuVmmLive(), images)
+  })
 )
 
 /** What Open, Resume, Turn and Close need beyond the store: lock, VMM, guest RPC, broker, images. */
