@@ -12,7 +12,13 @@ import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import { createRequire } from "node:module"
 import * as path from "node:path"
+import * as Chunk from "effect/Chunk"
+import * as Stream from "effect/Stream"
+import { writeConfigDisk } from "../src/lib/disk.js"
 import { goldenOf, resolveImage } from "../src/lib/images.js"
+import type { GuestConfig } from "../src/protocol/GuestConfig.js"
+import { GuestRpc } from "../src/services/GuestRpc.js"
+import { type CloseBounds, VmmBackend } from "../src/services/VmmBackend.js"
 import { buildImage } from "../src/programs/image.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { GoldenImage } from "../src/services/Images.js"
@@ -92,3 +98,63 @@ export const processesMentioning = (needle: string): Array<number> => {
   }
   return found
 }
+
+export const bootSession = (
+  image: GoldenImage,
+  dir: string,
+  config: Partial<GuestConfig> = {},
+  bounds: CloseBounds = { graceful: "15 seconds", signalled: "5 seconds", killed: "5 seconds" },
+  shutdownTimeout = "15 seconds"
+) =>
+  Effect.gen(function* () {
+    const id = path.basename(dir)
+    yield* writeConfigDisk(path.join(dir, "config.raw"), {
+      format: 1,
+      sessionId: id,
+      model: "test",
+      ...config
+    })
+    const lockFd = yield* Effect.acquireRelease(
+      Effect.sync(() => fs.openSync(path.join(dir, "lock"), "a")),
+      (fd) => Effect.sync(() => fs.closeSync(fd))
+    )
+    const rpc = yield* GuestRpc
+    const vmm = yield* VmmBackend
+    const rpcSocket = path.join(dir, "rpc.sock")
+    const listener = yield* rpc.listen(rpcSocket, {
+      helloTimeout: "90 seconds",
+      shutdownTimeout: "15 seconds"
+    })
+    const vm = yield* vmm.start({
+      sessionId: id,
+      sessionDir: dir,
+      arch: image.arch,
+      kernel: image.kernel,
+      initrd: image.initrd,
+      rootDisk: path.join(dir, "root.raw"),
+      configDisk: path.join(dir, "config.raw"),
+      rpcSocket,
+      consoleLog: path.join(dir, "console.log"),
+      cpus: 2,
+      memoryMiB: 1024,
+      lockFd,
+      bounds
+    })
+    const connection = yield* listener.accept
+    return { vm, connection }
+  })
+
+export const runTurn = (
+  connection: { turn: (text: string) => Stream.Stream<{ _tag: string }, unknown> },
+  text: string
+) =>
+  Stream.runCollect(connection.turn(text)).pipe(
+    Effect.map((events) =>
+      Chunk.toReadonlyArray(events)
+        .flatMap((e) => {
+          const event = (e as { event?: { kind: string; data?: string } }).event
+          return event?.kind === "stdout" && event.data !== undefined ? [event.data] : []
+        })
+        .join("")
+    )
+  )

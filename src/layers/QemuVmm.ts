@@ -221,6 +221,8 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
           const waitExit = (bound: Duration.DurationInput) =>
             Deferred.await(exited).pipe(
               Effect.zipRight(Deferred.await(helperExit)),
+              // finalizers run uninterruptibly; the wait itself must be interruptible for the bound to cut it
+              Effect.interruptible,
               Effect.timeout(bound),
               Effect.option,
               Effect.map((o) => Option.isSome(o))
