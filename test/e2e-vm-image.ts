@@ -123,7 +123,7 @@ export const bootSession = (
     const rpcSocket = path.join(dir, "rpc.sock")
     const listener = yield* rpc.listen(rpcSocket, {
       helloTimeout: "90 seconds",
-      shutdownTimeout: "15 seconds"
+      shutdownTimeout
     })
     const vm = yield* vmm.start({
       sessionId: id,
