@@ -5,6 +5,7 @@
  */
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import { execFileSync } from "node:child_process"
@@ -104,7 +105,7 @@ export const bootSession = (
   dir: string,
   config: Partial<GuestConfig> = {},
   bounds: CloseBounds = { graceful: "15 seconds", signalled: "5 seconds", killed: "5 seconds" },
-  shutdownTimeout = "15 seconds"
+  shutdownTimeout: Duration.DurationInput = "15 seconds"
 ) =>
   Effect.gen(function* () {
     const id = path.basename(dir)
