@@ -275,6 +275,7 @@ const live = (vfkit: string, stepMs?: number) =>
     GuestRpcLive,
     DarwinVmmLive({
       platform: "darwin",
+      arch: "aarch64",
       vfkit,
       helper: helperFromSource,
       ...(stepMs === undefined ? {} : { stepMs })
@@ -408,6 +409,10 @@ describe("DarwinVmm (vz) against a fake vfkit", () => {
         )
       )
       expect(tooLong).toMatchObject({ _tag: "VmmError", reason: "socket_path" })
-    }).pipe(Effect.provide(DarwinVmmLive({ platform: "darwin", vfkit: fakeVfkit, helper: helperFromSource })))
+    }).pipe(
+      Effect.provide(
+        DarwinVmmLive({ platform: "darwin", arch: "aarch64", vfkit: fakeVfkit, helper: helperFromSource })
+      )
+    )
   )
 })

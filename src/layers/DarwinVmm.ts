@@ -26,6 +26,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
+import { hostArch } from "../programs/compat.js"
 import type { CloseOutcome, GuestArch } from "../services/SessionStore.js"
 import {
   type VmExit,
@@ -47,7 +48,7 @@ export interface DarwinVmmOptions {
   readonly platform?: NodeJS.Platform
   /** the vfkit executable: a path, or a name looked up on PATH (default: $ABOX_VFKIT, else `vfkit`) */
   readonly vfkit?: string
-  /** guest architecture (default aarch64: Virtualization.framework runs the host's architecture) */
+  /** guest architecture (default: the host's, aarch64 on Apple silicon; Virtualization.framework does not emulate) */
   readonly arch?: GuestArch
   /** argv of the helper (default: `node <dist>/abox-vmm.js`) */
   readonly helper?: ReadonlyArray<string>
@@ -83,7 +84,7 @@ const findExecutable = (binary: string): string | undefined => {
 export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
   Effect.sync(() => {
     const platform = options.platform ?? process.platform
-    const arch = options.arch ?? "aarch64"
+    const arch = options.arch ?? hostArch()
     const fallbackSignal = fallbackSignalFor(platform)
     const stepMs = options.stepMs ?? 1500
 
