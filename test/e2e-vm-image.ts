@@ -159,3 +159,13 @@ export const runTurn = (
         .join("")
     )
   )
+
+/** a live, non-zombie process */
+export const alive = (pid: number): boolean => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z"
+  } catch {
+    return false
+  }
+}

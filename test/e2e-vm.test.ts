@@ -11,7 +11,14 @@ import * as path from "node:path"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
 import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { cloneDisk } from "../src/lib/disk.js"
-import { bootSession, ensureTestImage, processesMentioning, runTurn, vmSkipReason } from "./e2e-vm-image.js"
+import {
+  alive,
+  bootSession,
+  ensureTestImage,
+  processesMentioning,
+  runTurn,
+  vmSkipReason
+} from "./e2e-vm-image.js"
 
 const skip = vmSkipReason()
 if (skip !== undefined) console.warn(`e2e-vm: skipped: ${skip}`)
@@ -45,6 +52,7 @@ describe.skipIf(skip !== undefined)("QEMU end to end (real kernel, real guest ag
         const outcome1 = yield* first.vm.outcome
         expect(outcome1.how).toBe("graceful")
         expect(processesMentioning(dir)).toEqual([])
+        expect(alive(first.vm.helperPid) || alive(first.vm.vmmPid)).toBe(false)
 
         // second boot of the same root.raw
         const scope2 = yield* Scope.make()
@@ -55,6 +63,7 @@ describe.skipIf(skip !== undefined)("QEMU end to end (real kernel, real guest ag
         yield* Scope.close(scope2, Exit.void)
         expect((yield* second.vm.outcome).how).toBe("graceful")
         expect(processesMentioning(dir)).toEqual([])
+        expect(alive(second.vm.helperPid) || alive(second.vm.vmmPid)).toBe(false)
         expect(fs.readFileSync(path.join(dir, "console.log"), "utf8")).toContain("abox-init: started")
         fs.rmSync(dir, { recursive: true, force: true })
       }).pipe(Effect.provide(TestLayer)),
