@@ -1,0 +1,161 @@
+import { describe, expect, it } from "@effect/vitest"
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import { execFileSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { checkFreeSpace, cloneDisk, writeConfigDisk } from "../src/lib/disk.js"
+import {
+  imageDigest,
+  ImagesLive,
+  listImages,
+  registerImage,
+  removeImage,
+  resolveImage
+} from "../src/lib/images.js"
+import { decodeConfigDisk } from "../src/protocol/ConfigDisk.js"
+import { aboxPathsAt } from "../src/services/AboxPaths.js"
+import { Images } from "../src/services/Images.js"
+
+const Exec = NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
+const identity = (name: string, agent = "a".repeat(64)) => ({
+  name,
+  variant: "small" as const,
+  arch: "x86_64" as const,
+  kernel: "6.1.0-test",
+  node: "20.20.2",
+  agent,
+  protocol: 4
+})
+
+const stage = (imagesDir: string, content: string) => {
+  const dir = fs.mkdtempSync(path.join(imagesDir, ".build-"))
+  fs.writeFileSync(path.join(dir, "vmlinuz"), `kernel ${content}`)
+  fs.writeFileSync(path.join(dir, "initrd.gz"), `initrd ${content}`)
+  fs.writeFileSync(path.join(dir, "root.raw"), "")
+  fs.truncateSync(path.join(dir, "root.raw"), 64 * 1024 * 1024)
+  return dir
+}
+
+describe("image registry", () => {
+  it.effect(
+    "register → list → resolve (default, name, name@prefix) → rm refuses the default unless forced",
+    () =>
+      Effect.gen(function* () {
+        const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-img-"))
+        const images = path.join(home, "images")
+        fs.mkdirSync(images)
+        const first = yield* registerImage(images, stage(images, "one"), identity("abox"), {
+          makeDefault: true
+        })
+        const second = yield* registerImage(images, stage(images, "two"), identity("abox"), {
+          makeDefault: false
+        })
+        expect(first.meta.digest).not.toBe(second.meta.digest)
+        expect(first.dir).toBe(path.join(images, "abox", first.meta.digest))
+        expect(fs.readdirSync(first.dir).sort()).toEqual(["image.json", "initrd.gz", "root.raw", "vmlinuz"])
+        // the digest is over the identity and the three file digests
+        expect(first.meta.digest).toBe(
+          imageDigest(identity("abox"), {
+            kernel: first.meta.files.kernel.sha256,
+            initrd: first.meta.files.initrd.sha256,
+            root: first.meta.files.root.sha256
+          })
+        )
+        const { images: listed } = yield* listImages(images)
+        expect(listed.map((i) => i.meta.digest).sort()).toEqual(
+          [first.meta.digest, second.meta.digest].sort()
+        )
+        expect((yield* resolveImage(images, undefined)).meta.digest).toBe(first.meta.digest)
+        expect((yield* resolveImage(images, "abox")).meta.digest).toBe(first.meta.digest)
+        expect((yield* resolveImage(images, `abox@${second.meta.digest.slice(0, 10)}`)).meta.digest).toBe(
+          second.meta.digest
+        )
+        const missing = yield* resolveImage(images, "nope").pipe(Effect.flip)
+        expect(missing._tag).toBe("ImageNotFound")
+
+        const refused = yield* removeImage(images, `abox@${first.meta.digest}`, false).pipe(Effect.flip)
+        expect(refused._tag).toBe("ImageInUse")
+        yield* removeImage(images, `abox@${second.meta.digest}`, false)
+        expect(fs.existsSync(second.dir)).toBe(false)
+        yield* removeImage(images, `abox@${first.meta.digest}`, true)
+        expect(fs.existsSync(first.dir)).toBe(false)
+        expect((yield* resolveImage(images, undefined).pipe(Effect.flip))._tag).toBe("ImageNotFound")
+        fs.rmSync(home, { recursive: true, force: true })
+      })
+  )
+
+  it.effect("a corrupt image.json is skipped with its reason, never deleted", () =>
+    Effect.gen(function* () {
+      const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-img-"))
+      const images = path.join(home, "images")
+      const bad = path.join(images, "abox", "f".repeat(64))
+      fs.mkdirSync(bad, { recursive: true })
+      fs.writeFileSync(path.join(bad, "image.json"), '{"format": 99}')
+      const { images: listed, problems } = yield* listImages(images)
+      expect(listed).toEqual([])
+      expect(problems[0]).toContain("image.json")
+      expect(fs.existsSync(path.join(bad, "image.json"))).toBe(true)
+      fs.rmSync(home, { recursive: true, force: true })
+    })
+  )
+
+  it.effect("Images service: resolve the default and clone its root (sparse, 0600)", () =>
+    Effect.gen(function* () {
+      const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-img-"))
+      const imagesDir = path.join(home, "images")
+      fs.mkdirSync(imagesDir)
+      yield* registerImage(imagesDir, stage(imagesDir, "x"), identity("abox"), { makeDefault: true })
+      const result = yield* Effect.gen(function* () {
+        const images = yield* Images
+        const golden = yield* images.resolve(undefined)
+        expect(golden.protocol).toBe(4)
+        const target = path.join(home, "root.raw")
+        yield* images.cloneRoot(golden, target)
+        return fs.statSync(target)
+      }).pipe(Effect.provide(ImagesLive.pipe(Layer.provide(Layer.mergeAll(aboxPathsAt(home), Exec)))))
+      expect(result.size).toBe(64 * 1024 * 1024)
+      expect(result.blocks * 512).toBeLessThan(1024 * 1024)
+      expect(result.mode & 0o777).toBe(0o600)
+      fs.rmSync(home, { recursive: true, force: true })
+    })
+  )
+})
+
+describe("disks", () => {
+  it.effect("clone keeps holes and content; a clone that cannot fit fails with a typed error", () =>
+    Effect.gen(function* () {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-disk-"))
+      const src = path.join(dir, "golden.raw")
+      fs.writeFileSync(src, "")
+      fs.truncateSync(src, 512 * 1024 * 1024)
+      const fd = fs.openSync(src, "r+")
+      fs.writeSync(fd, Buffer.from("data in the middle"), 0, 18, 100 * 1024 * 1024)
+      fs.closeSync(fd)
+      const result = yield* cloneDisk(src, path.join(dir, "clone.raw")).pipe(Effect.provide(Exec))
+      expect(["reflink", "sparse-copy"]).toContain(result.method)
+      expect(result.allocated).toBeLessThan(1024 * 1024)
+      expect(execFileSync("cmp", [src, path.join(dir, "clone.raw")]).length).toBe(0)
+      const tooBig = yield* checkFreeSpace(dir, Number.MAX_SAFE_INTEGER / 2).pipe(Effect.flip)
+      expect(tooBig.reason).toBe("no-space")
+      expect(tooBig.message).toContain("not enough free space")
+      fs.rmSync(dir, { recursive: true, force: true })
+    })
+  )
+
+  it.effect("config.raw: written atomically with mode 0600 and decodes back", () =>
+    Effect.gen(function* () {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-disk-"))
+      const file = path.join(dir, "config.raw")
+      yield* writeConfigDisk(file, { format: 1, sessionId: "s1", model: "m" })
+      expect(fs.statSync(file).mode & 0o777).toBe(0o600)
+      const decoded = decodeConfigDisk(fs.readFileSync(file))
+      expect(decoded._tag === "Right" && decoded.right.sessionId).toBe("s1")
+      expect(fs.readdirSync(dir)).toEqual(["config.raw"])
+      fs.rmSync(dir, { recursive: true, force: true })
+    })
+  )
+})
