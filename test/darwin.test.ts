@@ -221,8 +221,16 @@ describe("kernel and REST client", () => {
 
 // ---- the layer, end to end against the fake vfkit ----
 
-const newSpec = (config: { readonly ignoreShutdown?: boolean } = {}, bounds?: CloseBounds): VmSpec => {
-  const sessionDir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-vz-"))
+const newSpec = (
+  config: { readonly ignoreShutdown?: boolean } = {},
+  bounds?: CloseBounds,
+  longDir = false
+): VmSpec => {
+  let sessionDir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-vz-"))
+  if (longDir) {
+    sessionDir = path.join(sessionDir, "Library", "Application Support", "ABox", "sessions", "x".repeat(64))
+    fs.mkdirSync(sessionDir, { recursive: true, mode: 0o700 })
+  }
   fs.writeFileSync(
     path.join(sessionDir, "config.raw"),
     encodeConfigDisk({ format: 1, sessionId: "vz", model: "m", ...config })
@@ -289,6 +297,8 @@ const openTurnClose = (spec: VmSpec) =>
     const vmm = yield* VmmBackend
     return yield* Effect.scoped(
       Effect.gen(function* () {
+        // what the lifecycle does before listening: the short socket directory, when used
+        yield* ensureSocketDir(spec.rpcSocket)
         const listener = yield* rpc.listen(spec.rpcSocket, rpcOptions)
         const handle = yield* vmm.start(spec)
         const conn = yield* listener.accept
@@ -324,6 +334,25 @@ describe("DarwinVmm (vz) against a fake vfkit", () => {
         expect(log.map((e) => e.event)).not.toContain("signal")
         expect(alive(handle.vmmPid) || alive(handle.helperPid)).toBe(false)
         expect(fs.readFileSync(spec.consoleLog, "utf8")).toContain("virtual machine is running")
+      }).pipe(Effect.provide(live(fakeVfkit))),
+    60_000
+  )
+
+  it.live(
+    "a session directory too long for a socket: rpc.sock and vfkit.sock move to /tmp/abox-<uid>",
+    () =>
+      Effect.gen(function* () {
+        const spec = newSpec({}, undefined, true)
+        expect(Buffer.byteLength(path.join(spec.sessionDir, "rpc.sock"))).toBeGreaterThan(103)
+        expect(path.dirname(spec.rpcSocket)).toBe(shortSocketDir())
+        const handle = yield* openTurnClose(spec)
+        expect(yield* handle.outcome).toMatchObject({ how: "graceful" })
+        const argv = fakeLog(spec).find((e) => e.event === "argv")!.argv as Array<string>
+        const rest = argv[argv.indexOf("--restful-uri") + 1]!
+        expect(rest).toBe(`unix://${vfkitSocketPath(spec.sessionDir, "darwin")}`)
+        expect(rest.startsWith(`unix://${shortSocketDir()}/`)).toBe(true)
+        // the REST socket is gone once the VM is
+        expect(fs.existsSync(rest.slice("unix://".length))).toBe(false)
       }).pipe(Effect.provide(live(fakeVfkit))),
     60_000
   )

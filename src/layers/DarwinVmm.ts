@@ -25,7 +25,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
-import { maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
+import { ensureSocketDir, maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
 import { hostArch } from "../programs/compat.js"
 import type { CloseOutcome, GuestArch } from "../services/SessionStore.js"
 import {
@@ -108,9 +108,10 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
         )
       }
       const restSocket = vfkitSocketPath(spec.sessionDir, platform)
-      if (path.dirname(restSocket) !== spec.sessionDir) {
-        yield* Effect.sync(() => fs.mkdirSync(path.dirname(restSocket), { recursive: true, mode: 0o700 }))
-      }
+      // a long session path puts the socket under /tmp/abox-<uid>: 0700 and ours, or refused
+      yield* ensureSocketDir(restSocket).pipe(
+        Effect.mapError((error) => vmmError("socket_path", error.message))
+      )
       yield* Effect.sync(() => fs.rmSync(restSocket, { force: true }))
       const kernel = yield* uncompressedKernel(spec.kernel, spec.sessionDir).pipe(
         Effect.mapError((error) => vmmError("kernel", error.message))
