@@ -10,6 +10,7 @@ import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { scrubOverhead } from "./scrub.js"
+import { vmmClone, vmmOpenToHello, vmmRss } from "./vmm.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
   ["listVsFloor", listVsFloor],
@@ -19,7 +20,10 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["brokerRequests", brokerRequests],
   ["turnRoundTrip", turnRoundTrip],
   ["muxRoundTrip", muxRoundTrip],
-  ["transfer50MB", transfer50MB]
+  ["transfer50MB", transfer50MB],
+  ["vmmOpenToHello", vmmOpenToHello],
+  ["vmmClone", vmmClone],
+  ["vmmRss", vmmRss]
 ]
 
 const only = process.argv.slice(2)
