@@ -9,6 +9,7 @@ import * as Stream from "effect/Stream"
 import * as path from "node:path"
 import { writeFileAtomic } from "../lib/atomicFile.js"
 import { snapshotSource } from "../lib/snapshot.js"
+import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
 import { encodeConfigDisk } from "../protocol/ConfigDisk.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig } from "../protocol/GuestConfig.js"
 import type { HelloMessage } from "../protocol/Messages.js"
@@ -88,7 +89,8 @@ export const sessionFiles = (dir: string) => ({
   rootDisk: path.join(dir, "root.raw"),
   configDisk: path.join(dir, "config.raw"),
   consoleLog: path.join(dir, "console.log"),
-  rpcSocket: path.join(dir, "rpc.sock")
+  // <dir>/rpc.sock, or a short path where that is too long for a unix socket (macOS: 104 bytes)
+  rpcSocket: rpcSocketPath(dir)
 })
 
 const storeIo = (file: string, operation: string) => (error: { readonly message: string }) =>
@@ -192,6 +194,12 @@ const boot = Effect.fn("session.boot")(function* (
   )
 
   yield* phase(options, "boot")
+  if (files.rpcSocket !== path.join(dir, "rpc.sock") && meta.rpcSocket !== files.rpcSocket) {
+    yield* store.update(meta.id, (current) => ({ ...current, rpcSocket: files.rpcSocket }))
+  }
+  yield* ensureSocketDir(files.rpcSocket).pipe(
+    Effect.mapError(storeIo(files.rpcSocket, "prepare socket directory"))
+  )
   const listener = yield* rpc.listen(files.rpcSocket, {
     helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
     shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT
