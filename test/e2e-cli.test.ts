@@ -1,0 +1,195 @@
+/**
+ * The built CLI on a real VM (QEMU, the Debian cloud kernel, the real guest agent): what a user
+ * does — run, resume, concurrent resumes, SIGTERM and SIGKILL mid-turn. Skipped with the reason
+ * where QEMU or the image tools are missing; CI has them.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { spawn, spawnSync } from "node:child_process"
+import { createHash } from "node:crypto"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { ensureTestImage, processesMentioning, repoRoot, testHome, vmSkipReason } from "./e2e-vm-image.js"
+
+const skip = vmSkipReason()
+if (skip !== undefined) console.warn(`e2e CLI tests skipped: ${skip}`)
+
+const cli = path.join(repoRoot, "dist", "abox.js")
+let home = ""
+let source = ""
+let kernel = ""
+
+beforeAll(async () => {
+  if (skip !== undefined) return
+  const image = await ensureTestImage()
+  kernel = image.identity.kernel ?? ""
+  home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-cli-"))
+  // the sessions are this test's own; the golden image is the shared test image
+  fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
+  source = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-src-"))
+  fs.writeFileSync(path.join(source, "README.md"), "e2e\n")
+}, 600_000)
+afterAll(() => {
+  if (home !== "") fs.rmSync(home, { recursive: true, force: true })
+  if (source !== "") fs.rmSync(source, { recursive: true, force: true })
+})
+
+const env = () => ({ PATH: process.env.PATH ?? "", HOME: os.homedir(), ABOX_HOME: home })
+
+const runCli = (args: ReadonlyArray<string>) => {
+  const r = spawnSync(process.execPath, [cli, ...args], { env: env(), encoding: "utf8", timeout: 300_000 })
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr }
+}
+
+const startCli = (args: ReadonlyArray<string>) => {
+  const child = spawn(process.execPath, [cli, ...args], { env: env(), stdio: ["ignore", "pipe", "pipe"] })
+  let stdout = ""
+  let stderr = ""
+  child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
+  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
+  const exited = new Promise<{
+    code: number | null
+    signal: NodeJS.Signals | null
+    stdout: string
+    stderr: string
+    at: number
+  }>((resolve) =>
+    child.on("exit", (code, signal) => resolve({ code, signal, stdout, stderr, at: Date.now() }))
+  )
+  const sees = (text: string) =>
+    new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`never saw ${text}; stderr: ${stderr}`)), 300_000)
+      const check = () => {
+        if (stdout.includes(text)) {
+          clearTimeout(timer)
+          resolve()
+        }
+      }
+      child.stdout.on("data", check)
+      check()
+    })
+  return { child, exited, sees }
+}
+
+const sessionFiles = (id: string) => {
+  const dir = path.join(home, "sessions", id)
+  return Object.fromEntries(
+    fs
+      .readdirSync(dir)
+      .filter((f) => f !== "root.raw" && fs.statSync(path.join(dir, f)).isFile())
+      .map((f) => [
+        f,
+        createHash("sha256")
+          .update(fs.readFileSync(path.join(dir, f)))
+          .digest("hex")
+      ])
+  )
+}
+
+/** until `check` holds or `ms` pass (the VM's exit is another process's event: watched, bounded) */
+const within = async (ms: number, check: () => boolean) => {
+  const deadline = Date.now() + ms
+  while (!check() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50))
+  return check()
+}
+
+const newSession = () => {
+  const r = runCli(["run", "--json", source, "--", "true"])
+  expect(r.code, r.stderr).toBe(0)
+  return (JSON.parse(r.stdout.split("\n")[0]!) as { session: string }).session
+}
+
+describe.skipIf(skip !== undefined)("abox CLI on a real VM", () => {
+  it("run prints the guest's output; a file written in one boot is there in the next (resume)", () => {
+    const r = runCli(["run", "--json", source, "--", "echo persisted > made.txt; uname -r; cat README.md"])
+    expect(r.code, r.stderr).toBe(0)
+    const lines = r.stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as Record<string, unknown>)
+    const id = lines[0]!.session as string
+    const out = lines
+      .map((l) => l.event as { _tag: string; event?: { kind: string; data?: string } } | undefined)
+      .map((e) => (e?._tag === "Event" && e.event?.kind === "stdout" ? e.event.data : ""))
+      .join("")
+    expect(out).toBe(`${kernel}\ne2e\n`)
+    const again = runCli(["resume", id, "--", "cat made.txt"])
+    expect(again.code, again.stderr).toBe(0)
+    expect(again.stdout).toBe("persisted\n")
+    const meta = JSON.parse(fs.readFileSync(path.join(home, "sessions", id, "session.json"), "utf8")) as {
+      lastClose: { how: string }
+      vmm: { backend: string }
+    }
+    expect(meta.lastClose.how).toBe("graceful")
+    expect(meta.vmm.backend).toBe("qemu")
+    expect(processesMentioning(path.join(home, "sessions", id))).toEqual([])
+  })
+
+  it("10 concurrent resumes: one boots, nine fail SessionBusy quickly, nothing of the session changes", async () => {
+    const id = newSession()
+    const holder = startCli(["resume", id, "--", "echo booted; sleep 3"])
+    await holder.sees("booted")
+    const before = sessionFiles(id)
+    const started = Date.now()
+    const losers = await Promise.all(
+      Array.from({ length: 9 }, () => startCli(["resume", id, "--", "true"]).exited)
+    )
+    for (const loser of losers) {
+      expect(loser.code).toBe(75)
+      expect(loser.stderr).toContain(id)
+      expect(loser.at - started).toBeLessThan(15_000)
+    }
+    expect(sessionFiles(id)).toEqual(before)
+    expect((await holder.exited).code).toBe(0)
+
+    const racers = await Promise.all(
+      Array.from({ length: 10 }, () => startCli(["resume", id, "--", "true"]).exited)
+    )
+    expect(racers.map((r) => r.code).filter((c) => c === 0)).toHaveLength(1)
+    expect(racers.map((r) => r.code).filter((c) => c === 75)).toHaveLength(9)
+  })
+
+  it("SIGTERM during a turn: a clean close (graceful), exit 143, no process left", async () => {
+    const run = startCli(["run", "--json", source, "--", "echo started; sleep 120"])
+    await run.sees("started")
+    run.child.kill("SIGTERM")
+    const exit = await run.exited
+    expect(exit.code).toBe(143)
+    const session = (JSON.parse(exit.stdout.split("\n")[0]!) as { session: string }).session
+    const meta = JSON.parse(
+      fs.readFileSync(path.join(home, "sessions", session, "session.json"), "utf8")
+    ) as {
+      lastClose: { how: string }
+    }
+    expect(meta.lastClose.how).toBe("graceful")
+    expect(processesMentioning(path.join(home, "sessions", session))).toEqual([])
+  })
+
+  it("SIGKILL of abox mid-turn: the helper stops the VM within 3 s and the session resumes", async () => {
+    const run = startCli(["run", "--json", source, "--", "echo started; sleep 120"])
+    await run.sees("started")
+    run.child.kill("SIGKILL")
+    const exit = await run.exited
+    const id = (JSON.parse(exit.stdout.split("\n")[0]!) as { session: string }).session
+    const dir = path.join(home, "sessions", id)
+    expect(await within(3_000, () => processesMentioning(dir).length === 0)).toBe(true)
+    const again = runCli(["resume", id, "--", "echo back"])
+    expect(again.code, again.stderr).toBe(0)
+    expect(again.stdout).toBe("back\n")
+  })
+
+  it("a second signal exits at once; the helper still stops the VM", async () => {
+    const run = startCli(["run", "--json", source, "--", "echo started; sleep 120"])
+    await run.sees("started")
+    run.child.kill("SIGTERM")
+    await new Promise((r) => setTimeout(r, 30))
+    const second = Date.now()
+    run.child.kill("SIGTERM")
+    const exit = await run.exited
+    expect(exit.at - second).toBeLessThan(1_000)
+    const id = (JSON.parse(exit.stdout.split("\n")[0]!) as { session: string }).session
+    expect(await within(3_000, () => processesMentioning(path.join(home, "sessions", id)).length === 0)).toBe(
+      true
+    )
+  })
+})
