@@ -7,6 +7,7 @@
 import * as fs from "node:fs"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
+import { lifecycleRun, lifecycleTurn } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { scrubOverhead } from "./scrub.js"
@@ -23,7 +24,9 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["transfer50MB", transfer50MB],
   ["vmmOpenToHello", vmmOpenToHello],
   ["vmmClone", vmmClone],
-  ["vmmRss", vmmRss]
+  ["vmmRss", vmmRss],
+  ["lifecycleRun", lifecycleRun],
+  ["lifecycleTurn", lifecycleTurn]
 ]
 
 const only = process.argv.slice(2)

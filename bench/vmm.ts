@@ -30,13 +30,13 @@ const Live = Layer.mergeAll(
   NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
 )
 
-const image = async (): Promise<GoldenImage> => {
+export const image = async (): Promise<GoldenImage> => {
   const skip = vmSkipReason()
   if (skip !== undefined) throw new Error(`skipped: ${skip}`)
   return ensureTestImage()
 }
 
-const freshDir = (ctx: BenchContext, name: string, golden: GoldenImage): string => {
+export const freshDir = (ctx: BenchContext, name: string, golden: GoldenImage): string => {
   const dir = fs.mkdtempSync(path.join(ctx.tmp, `${name}-`))
   spawnSync("cp", ["--reflink=auto", "--sparse=always", golden.rootDisk, path.join(dir, "root.raw")])
   fs.chmodSync(path.join(dir, "root.raw"), 0o600)
@@ -61,7 +61,7 @@ const aboxBoot = (golden: GoldenImage, dir: string) =>
   )
 
 /** the floor: the same QEMU command line, timed to init's first serial line */
-const bareBoot = async (golden: GoldenImage, dir: string, accel: "kvm" | "tcg"): Promise<number> => {
+export const bareBoot = async (golden: GoldenImage, dir: string, accel: "kvm" | "tcg"): Promise<number> => {
   const rpcSocket = path.join(dir, "bare-rpc.sock")
   fs.rmSync(rpcSocket, { force: true })
   const server = net.createServer(() => undefined).listen(rpcSocket)
@@ -95,7 +95,7 @@ const bareBoot = async (golden: GoldenImage, dir: string, accel: "kvm" | "tcg"):
   return ms
 }
 
-const accelInUse = (): "kvm" | "tcg" => (process.env.ABOX_QEMU_ACCEL === "kvm" ? "kvm" : "tcg")
+export const accelInUse = (): "kvm" | "tcg" => (process.env.ABOX_QEMU_ACCEL === "kvm" ? "kvm" : "tcg")
 
 export const vmmOpenToHello = async (ctx: BenchContext): Promise<Figure> => {
   const golden = await image()

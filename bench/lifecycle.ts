@@ -1,0 +1,141 @@
+/**
+ * Lifecycle figures on a real VM (need qemu-system-x86_64 and the test image):
+ * - lifecycleRun: `abox run <small repo> -- true` (the built CLI, whole process) vs a bare QEMU
+ *   boot of the same image to init's first serial line; per-phase medians in the note
+ * - lifecycleTurn: a no-op turn while a session is open (VM) vs the same turn over the fake
+ *   backend (the guest agent as a host process): what TCG and virtio-serial add to a turn
+ */
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Stream from "effect/Stream"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { performance } from "node:perf_hooks"
+import * as FakeVmm from "../src/layers/FakeVmm.js"
+import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { HttpsBrokerLive } from "../src/layers/HttpsBrokerLive.js"
+import { FakeImages } from "../src/layers/Lifecycle.js"
+import { QemuVmmLive } from "../src/layers/QemuVmm.js"
+import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
+import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
+import { ImagesLive } from "../src/lib/images.js"
+import { open, type Phase } from "../src/programs/session.js"
+import { aboxPathsAt } from "../src/services/AboxPaths.js"
+import { testHome } from "../test/e2e-vm-image.js"
+import { type BenchContext, type Figure, cli, median, round, timeOnce } from "./lib.js"
+import { accelInUse, bareBoot, freshDir, image } from "./vmm.js"
+
+/** an ABOX_HOME of its own whose images are the shared test image's */
+const benchHome = (ctx: BenchContext, name: string) => {
+  const home = fs.mkdtempSync(path.join(ctx.tmp, `${name}-`))
+  fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
+  return home
+}
+
+const smallRepo = (ctx: BenchContext) => {
+  const repo = fs.mkdtempSync(path.join(ctx.tmp, "repo-"))
+  fs.writeFileSync(path.join(repo, "README.md"), "bench\n")
+  fs.mkdirSync(path.join(repo, "src"))
+  for (let i = 0; i < 50; i++) fs.writeFileSync(path.join(repo, "src", `f${i}.txt`), "x".repeat(1000))
+  return repo
+}
+
+const layerFor = (home: string, fake: boolean) =>
+  Layer.mergeAll(
+    SessionStoreLive,
+    RuntimeLockLive,
+    GuestRpcLive,
+    HttpsBrokerLive,
+    fake
+      ? Layer.merge(FakeVmm.layer, FakeImages)
+      : Layer.merge(QemuVmmLive({ note: () => undefined }), ImagesLive)
+  ).pipe(
+    Layer.provideMerge(aboxPathsAt(home)),
+    Layer.provideMerge(NodeCommandExecutor.layer),
+    Layer.provideMerge(NodeFileSystem.layer)
+  )
+
+/** one open (phases timed), one `true` turn, close */
+const phasedRun = (home: string, repo: string) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const marks: Array<[Phase | "turn" | "close", number]> = []
+        const t0 = performance.now()
+        const onPhase = (phase: Phase) => Effect.sync(() => void marks.push([phase, performance.now() - t0]))
+        const session = yield* open({ source: repo, onPhase })
+        yield* Stream.runDrain(session.turn("true"))
+        marks.push(["turn", performance.now() - t0])
+        return marks
+      })
+    ).pipe(Effect.provide(layerFor(home, false)))
+  )
+
+export const lifecycleRun = async (ctx: BenchContext): Promise<Figure> => {
+  const golden = await image()
+  const runs = Math.min(ctx.runs, 3)
+  const home = benchHome(ctx, "run")
+  const repo = smallRepo(ctx)
+  const dir = freshDir(ctx, "bare", golden)
+  const accel = accelInUse()
+  const run = () => timeOnce([process.execPath, cli, "run", repo, "--", "true"], { ABOX_HOME: home })
+  run()
+  const totals: Array<number> = []
+  const floors: Array<number> = []
+  for (let i = 0; i < runs; i++) {
+    totals.push(run())
+    floors.push(await bareBoot(golden, dir, accel))
+  }
+  // per phase, in process (the CLI prints its step display only on a terminal)
+  const phases: Record<string, Array<number>> = {}
+  for (let i = 0; i < runs; i++) {
+    const marks = await phasedRun(home, repo)
+    marks.forEach(([phase, at], k) => (phases[phase] ??= []).push(at - (k > 0 ? marks[k - 1]![1] : 0)))
+  }
+  const perPhase = Object.entries(phases)
+    .map(([phase, ms]) => `${phase} ${Math.round(median(ms))}`)
+    .join(", ")
+  const medianMs = median(totals)
+  const floorMs = median(floors)
+  return {
+    ratio: round(medianMs / floorMs),
+    medianMs: round(medianMs),
+    floorMs: round(floorMs),
+    runs,
+    note: `abox run -- true, whole CLI process (open, turn, close) vs bare qemu to 'abox-init: started' (${accel}); phases in ms, each the time until the next begins: ${perPhase}`
+  }
+}
+
+const turnLatency = (home: string, repo: string, fake: boolean, turns: number) =>
+  Effect.runPromise(
+    Effect.scoped(
+      Effect.gen(function* () {
+        const session = yield* open({ source: repo })
+        yield* Stream.runDrain(session.turn("true"))
+        const times: Array<number> = []
+        for (let i = 0; i < turns; i++) {
+          const t0 = performance.now()
+          yield* Stream.runDrain(session.turn("true"))
+          times.push(performance.now() - t0)
+        }
+        return median(times)
+      })
+    ).pipe(Effect.provide(layerFor(home, fake)))
+  )
+
+export const lifecycleTurn = async (ctx: BenchContext): Promise<Figure> => {
+  await image()
+  const turns = Math.max(5, ctx.runs)
+  const repo = smallRepo(ctx)
+  const vm = await turnLatency(benchHome(ctx, "turn-vm"), repo, false, turns)
+  const host = await turnLatency(benchHome(ctx, "turn-fake"), repo, true, turns)
+  return {
+    ratio: round(vm / host),
+    medianMs: round(vm),
+    floorMs: round(host),
+    runs: turns,
+    note: "a `true` turn (user_turn → turn_end) in an open VM session vs the same turn over the fake backend (guest agent on the host)"
+  }
+}
