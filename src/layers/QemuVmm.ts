@@ -10,7 +10,6 @@ import * as Ref from "effect/Ref"
 // by opening it read-write.
 import { execFile, spawn } from "node:child_process"
 import * as fs from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { fileURLToPath } from "node:url"
@@ -25,6 +24,7 @@ import {
   type VmSpec
 } from "../services/VmmBackend.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
+import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
 import { consoleTail } from "../vmm/console.js"
 import { decodeHelperEvent, encodeHelperSpec, type HelperEvent } from "../vmm/protocol.js"
 
@@ -101,13 +101,9 @@ const probeKvm = (binary: string, arch: GuestArch) =>
     child.stdin?.end('{"execute":"qmp_capabilities"}\n{"execute":"query-status"}\n{"execute":"quit"}\n')
   })
 
-const qmpPathFor = (sessionDir: string, sessionId: string): string => {
-  const inDir = path.join(sessionDir, "qmp.sock")
-  // unix socket paths are limited (108 bytes on Linux, 104 on macOS)
-  return Buffer.byteLength(inDir) < 100
-    ? inDir
-    : path.join(os.tmpdir(), `abox-qmp-${sessionId.slice(0, 32)}.sock`)
-}
+/** what `auto` chooses on this host: KVM when /dev/kvm opens and a probe VM starts on it (abox doctor) */
+export const kvmUsable = (arch: GuestArch = hostArch()): Effect.Effect<boolean> =>
+  kvmOpens() ? probeKvm(qemuBinary(arch), arch) : Effect.succeed(false)
 
 const vmmError = (reason: string, message: string) => new VmmError({ backend: "qemu", reason, message })
 
@@ -146,7 +142,9 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
         })
       }
       const accel = yield* chooseAccel(qemu)
-      const qmpSocket = qmpPathFor(spec.sessionDir, spec.sessionId)
+      // <dir>/qmp.sock, or a short path where that is too long for a unix socket
+      const qmpSocket = sessionSocketPath(spec.sessionDir, "qmp.sock")
+      yield* ensureSocketDir(qmpSocket).pipe(Effect.mapError((e) => vmmError("qmp", e.message)))
       yield* Effect.sync(() => fs.rmSync(qmpSocket, { force: true }))
       const args = buildQemuArgv({ ...spec, accel, qmpSocket })
       const helperArgv = options.helper ?? defaultHelper()

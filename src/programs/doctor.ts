@@ -1,6 +1,7 @@
 import * as Effect from "effect/Effect"
 import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
+import { kvmUsable } from "../layers/QemuVmm.js"
 import { resolveImage } from "../lib/images.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
@@ -52,19 +53,14 @@ export const doctor = Effect.fn("doctor")(function* () {
           }
         : { name: "vmm", status: "ok", detail: qemu }
     )
-    const kvm = yield* Effect.promise(() =>
-      fs.access("/dev/kvm", fs.constants.R_OK | fs.constants.W_OK).then(
-        () => true,
-        () => false
-      )
-    )
+    const kvm = qemu === undefined ? false : yield* kvmUsable()
     checks.push(
       kvm
-        ? { name: "accel", status: "ok", detail: "KVM (/dev/kvm is usable)" }
+        ? { name: "accel", status: "ok", detail: "KVM (a probe VM starts on /dev/kvm)" }
         : {
             name: "accel",
             status: "warn",
-            detail: "no usable /dev/kvm: guests run under TCG (software), several times slower"
+            detail: "KVM is not usable here: guests run under TCG (software), several times slower"
           }
     )
   }
