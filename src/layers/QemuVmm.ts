@@ -5,6 +5,7 @@ import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
+import * as Schedule from "effect/Schedule"
 // Raw node:child_process / node:fs: the helper needs an inherited liveness pipe (fd 3) and the
 // session's locked fd (fd 4), which @effect/platform's Command cannot pass; /dev/kvm is probed
 // by opening it read-write.
@@ -62,6 +63,17 @@ export const defaultHelper = (): Array<string> => {
   const candidates = [path.join(here, "abox-vmm.js"), path.join(here, "..", "..", "dist", "abox-vmm.js")]
   const found = candidates.find((file) => fs.existsSync(file)) ?? candidates[0]!
   return [process.execPath, found]
+}
+
+/** a process that has exited (absent, or a zombie: its descriptors, the lock among them, are closed) */
+const processGone = (pid: number): boolean => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) === "Z"
+  } catch {
+    // no /proc entry: gone (or no /proc at all, where the helper's own reaping is all there is)
+    return true
+  }
 }
 
 const kvmOpens = (): boolean => {
@@ -248,6 +260,17 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
                 }
               })
               yield* waitExit(spec.bounds.killed)
+              // QEMU is the helper's child, not ours: no exit event reaches us. Its death after
+              // SIGKILL is asynchronous, and it holds the session's lock fd until then, so watch
+              // /proc (bounded) until it has released everything: gone, or a zombie.
+              if (Option.isSome(vmmPid)) {
+                yield* Effect.sync(() => processGone(vmmPid.value)).pipe(
+                  Effect.repeat({ until: (gone) => gone, schedule: Schedule.spaced("10 millis") }),
+                  Effect.interruptible,
+                  Effect.timeout(spec.bounds.killed),
+                  Effect.ignore
+                )
+              }
               // a SIGKILLed helper says nothing: its exit is the VM's end (QEMU was killed too)
               yield* Deferred.succeed(exited, { exitCode: null, signal: "SIGKILL" })
             }
