@@ -97,8 +97,10 @@ export const bareBoot = async (golden: GoldenImage, dir: string, accel: "kvm" | 
 
 export const accelInUse = (): "kvm" | "tcg" => (process.env.ABOX_QEMU_ACCEL === "kvm" ? "kvm" : "tcg")
 
-export const vmmOpenToHello = async (ctx: BenchContext): Promise<Figure> => {
-  const golden = await image()
+export const vmmOpenToHello = async (ctx: BenchContext): Promise<Figure> => openToHello(ctx, await image())
+
+/** start → hello of `golden` against its bare boot (any registered image, e.g. one without a snapshot) */
+export const openToHello = async (ctx: BenchContext, golden: GoldenImage): Promise<Figure> => {
   const runs = Math.min(ctx.runs, 3)
   const dir = freshDir(ctx, "boot", golden)
   const accel = accelInUse()

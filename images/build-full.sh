@@ -4,9 +4,11 @@
 # agent; kernel and initrd as in build-small.sh (Debian cloud kernel + busybox initrd).
 # Needs: debootstrap (apt-get install debootstrap) and a reachable Debian mirror.
 #
-# usage: build-full.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE [--node VERSION]
+# usage: build-full.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
+#                      [--snapshot-entry FILE] [--node VERSION]
+# With --snapshot-entry the agent's startup snapshot is built as in build-small.sh.
 set -eu
-ARCH=x86_64; OUT=; CACHE=; AGENT=; NODE_VERSION=20.20.2; ROOT_SIZE=4G
+ARCH=x86_64; OUT=; CACHE=; AGENT=; SNAPSHOT_ENTRY=; NODE_VERSION=20.20.2; ROOT_SIZE=4G
 MIRROR=${ABOX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${ABOX_DEBIAN_SUITE:-bookworm}
 ARGS="$*"
@@ -16,6 +18,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
     --agent) AGENT=$2; shift 2 ;;
+    --snapshot-entry) SNAPSHOT_ENTRY=$2; shift 2 ;;
     --node) NODE_VERSION=$2; shift 2 ;;
     *) echo "build-full: unknown argument $1" >&2; exit 64 ;;
   esac
@@ -45,10 +48,14 @@ mkdir -p "$WORK/node" && tar -xzf "$NODE_TGZ" -C "$WORK/node" package/bin/node
 cp "$WORK/node/package/bin/node" "$R/usr/local/bin/node"
 mkdir -p "$R/opt/abox" "$R/work/repo" "$R/var/lib/abox" "$R/home/agent"
 cp "$AGENT" "$R/opt/abox/abox-guest.js"
+AGENT_START=bundle
+if [ -n "$SNAPSHOT_ENTRY" ]; then
+  AGENT_START=$(sh "$HERE/agent-snapshot.sh" "$WORK/node/package/bin/node" "$SNAPSHOT_ENTRY" "$ARCH" "$R/opt/abox/agent.blob")
+fi
 # busybox (from the small image's package) provides poweroff -f, insmod and friends in /bin/busybox
 dpkg-deb -x "$(ls "$CACHE/debs/$DEB_ARCH"/busybox-static_*.deb | head -n1)" "$WORK/bb"
 cp "$WORK/bb/bin/busybox" "$R/bin/busybox"
-sed 's#^node /opt/abox#/usr/local/bin/node /opt/abox#; s#^poweroff -f#/bin/busybox poweroff -f#' "$HERE/root-init.sh" >"$R/sbin/abox-init"
+sed 's#^\( *\)node #\1/usr/local/bin/node #; s#^poweroff -f#/bin/busybox poweroff -f#' "$HERE/root-init.sh" >"$R/sbin/abox-init"
 chmod 0755 "$R/sbin/abox-init"
 ln -sf abox-init "$R/sbin/init"
 grep -q '^agent:' "$R/etc/group" || echo 'agent:x:1000:' >>"$R/etc/group"
@@ -62,6 +69,6 @@ rm -f "$OUT/root.raw"
 truncate -s "$ROOT_SIZE" "$OUT/root.raw"
 mkfs.ext4 -q -F -L abox-root -E root_owner=0:0 -d "$R" "$OUT/root.raw"
 cat >"$OUT/build.json" <<JSON
-{"variant":"full","arch":"$ARCH","kernel":"$KVER","node":"$NODE_VERSION","suite":"$SUITE"}
+{"variant":"full","arch":"$ARCH","kernel":"$KVER","node":"$NODE_VERSION","agentStart":"$AGENT_START","suite":"$SUITE"}
 JSON
 echo "build-full: done" >&2

@@ -6,7 +6,12 @@
 # Inputs come from Debian packages (apt-get download) and the npm registry (npm pack) only.
 # Downloads are cached in $CACHE so rebuilds do not fetch again.
 #
-# usage: build-small.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE [--node VERSION]
+# The agent's start is on every boot's critical path: with --snapshot-entry (dist/abox-guest-snapshot.cjs)
+# and a guest arch the build host can execute, the guest's own node binary builds a V8 startup
+# snapshot of the agent (/opt/abox/agent.blob) that init runs first, falling back to the bundle.
+#
+# usage: build-small.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
+#                       [--snapshot-entry FILE] [--node VERSION]
 # writes DIR/vmlinuz DIR/initrd.gz DIR/root.raw DIR/build.json
 set -eu
 
@@ -14,6 +19,7 @@ ARCH=x86_64
 OUT=
 CACHE=
 AGENT=
+SNAPSHOT_ENTRY=
 NODE_VERSION=20.20.2
 ROOT_SIZE=2G
 while [ $# -gt 0 ]; do
@@ -22,6 +28,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
     --agent) AGENT=$2; shift 2 ;;
+    --snapshot-entry) SNAPSHOT_ENTRY=$2; shift 2 ;;
     --node) NODE_VERSION=$2; shift 2 ;;
     --root-size) ROOT_SIZE=$2; shift 2 ;;
     *) echo "build-small: unknown argument $1" >&2; exit 64 ;;
@@ -120,6 +127,10 @@ if [ "$ARCH" = x86_64 ]; then ln -s "../lib/$LIB_TRIPLE/$LD_NAME" "$R/lib64/$LD_
 cp "$WORK/node/package/bin/node" "$R/usr/local/bin/node"
 ln -s ../local/bin/node "$R/usr/bin/node"
 cp "$AGENT" "$R/opt/abox/abox-guest.js"
+AGENT_START=bundle
+if [ -n "$SNAPSHOT_ENTRY" ]; then
+  AGENT_START=$(sh "$HERE/agent-snapshot.sh" "$WORK/node/package/bin/node" "$SNAPSHOT_ENTRY" "$ARCH" "$R/opt/abox/agent.blob")
+fi
 cp "$HERE/root-init.sh" "$R/sbin/init" 2>/dev/null || { rm -f "$R/sbin/init"; cp "$HERE/root-init.sh" "$R/sbin/init"; }
 chmod 0755 "$R/sbin/init"
 cat >"$R/etc/passwd" <<'EOF'
@@ -146,6 +157,6 @@ mkfs.ext4 -q -F -L abox-root -E root_owner=0:0 -d "$R" "$OUT/root.raw"
 
 NODE_REPORTED=$NODE_VERSION
 cat >"$OUT/build.json" <<EOF
-{"variant":"small","arch":"$ARCH","kernel":"$KVER","node":"$NODE_REPORTED","busybox":"$(dpkg-deb -f "$BBDEB" Version)"}
+{"variant":"small","arch":"$ARCH","kernel":"$KVER","node":"$NODE_REPORTED","agentStart":"$AGENT_START","busybox":"$(dpkg-deb -f "$BBDEB" Version)"}
 EOF
 echo "build-small: done" >&2

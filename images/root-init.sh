@@ -2,6 +2,9 @@
 # /sbin/init of the golden root: minimal mounts, one console line, then the guest agent.
 # The agent's defaults: config /dev/vdb, rpc = the virtio-serial port named abox.rpc,
 # state /var/lib/abox, repo /work/repo, user agent, on shutdown: poweroff.
+# The agent starts from its V8 startup snapshot (/opt/abox/agent.blob, see images/agent-snapshot.sh)
+# when the image has one; a blob node rejects (it exits non-zero, or dies, before the agent's first
+# step, which creates /run/abox-agent.started) falls back to the plain bundle: never a dead boot.
 export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 export HOME=/root
 mount -t proc proc /proc
@@ -15,7 +18,21 @@ hostname "$(cat /etc/hostname 2>/dev/null || echo abox)"
 ip link set lo up 2>/dev/null
 echo "abox-init: started"
 if [ -x /opt/abox/init-hook ]; then /opt/abox/init-hook; fi
-node /opt/abox/abox-guest.js
-echo "abox-init: agent exited ($?)"
+# the agent reads its virtio port on the libuv thread pool (see src/guest/rpcPort.ts)
+export UV_THREADPOOL_SIZE=8
+status=
+if [ -f /opt/abox/agent.blob ]; then
+  node --snapshot-blob /opt/abox/agent.blob
+  status=$?
+  if [ "$status" -ne 0 ] && [ ! -e /run/abox-agent.started ]; then
+    echo "abox-init: the agent snapshot did not start ($status): starting the bundle"
+    status=
+  fi
+fi
+if [ -z "$status" ]; then
+  node /opt/abox/abox-guest.js
+  status=$?
+fi
+echo "abox-init: agent exited ($status)"
 sync
 poweroff -f

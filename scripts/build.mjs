@@ -39,3 +39,18 @@ await Promise.all(
       })
     )
 )
+
+// The guest agent's startup-snapshot entry (src/guest/snapshot.ts): one CommonJS script, as
+// `node --build-snapshot` requires; images/build-small.sh turns it into /opt/abox/agent.blob.
+if (existsSync("src/guest/snapshot.ts")) {
+  await build({
+    entryPoints: ["src/guest/snapshot.ts"],
+    outfile: "dist/abox-guest-snapshot.cjs",
+    bundle: true,
+    platform: "node",
+    target: "node20",
+    format: "cjs",
+    legalComments: "none",
+    logLevel: "warning"
+  })
+}

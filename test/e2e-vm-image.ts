@@ -1,7 +1,9 @@
 /**
  * The x86_64 test image, built once and reused across test files and runs:
- * `<repo>/.build/test-home` is an ABOX_HOME whose default image is rebuilt only when the guest
- * bundle (dist/abox-guest.js) changed. Concurrent test files serialise on a lock file.
+ * `<repo>/.build/test-home` is an ABOX_HOME whose default image is rebuilt only when its inputs
+ * changed: the guest bundle (dist/abox-guest.js, also the image's `agent` digest), the agent's
+ * snapshot entry and the recipe (images/*.sh), digested together into `.image-inputs`.
+ * Concurrent test files serialise on a lock file.
  */
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
@@ -27,6 +29,7 @@ import type { GoldenImage } from "../src/services/Images.js"
 export const repoRoot = path.resolve(import.meta.dirname, "..")
 export const testHome = path.join(repoRoot, ".build", "test-home")
 export const guestBundle = path.join(repoRoot, "dist", "abox-guest.js")
+export const guestSnapshotEntry = path.join(repoRoot, "dist", "abox-guest-snapshot.cjs")
 export const helperBundle = path.join(repoRoot, "dist", "abox-vmm.js")
 
 const has = (binary: string): boolean => {
@@ -52,7 +55,24 @@ export const vmSkipReason = (): string | undefined => {
 
 const sha256 = (file: string) => crypto.createHash("sha256").update(fs.readFileSync(file)).digest("hex")
 
-/** the default test image, (re)built when the guest bundle changed */
+/** one digest over everything that goes into the test image from this checkout */
+const imageInputs = (): string => {
+  const imagesDir = path.join(repoRoot, "images")
+  const files = [
+    guestBundle,
+    ...(fs.existsSync(guestSnapshotEntry) ? [guestSnapshotEntry] : []),
+    ...fs
+      .readdirSync(imagesDir)
+      .filter((name) => name.endsWith(".sh"))
+      .sort()
+      .map((name) => path.join(imagesDir, name))
+  ]
+  const hash = crypto.createHash("sha256")
+  for (const file of files) hash.update(`${path.relative(repoRoot, file)}\0${sha256(file)}\n`)
+  return hash.digest("hex")
+}
+
+/** the default test image, (re)built when its inputs changed */
 export const ensureTestImage = async (): Promise<GoldenImage> => {
   fs.mkdirSync(testHome, { recursive: true })
   const lockFile = path.join(testHome, ".image.lock")
@@ -65,14 +85,28 @@ export const ensureTestImage = async (): Promise<GoldenImage> => {
   try {
     await waitForLock(fd)
     const agent = sha256(guestBundle)
+    const inputs = imageInputs()
+    const stampFile = path.join(testHome, ".image-inputs")
+    const stamp = fs.existsSync(stampFile) ? fs.readFileSync(stampFile, "utf8").trim() : ""
     const layer = Layer.mergeAll(
       aboxPathsAt(testHome),
       NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
     )
     const program = Effect.gen(function* () {
       const current = yield* resolveImage(path.join(testHome, "images"), undefined).pipe(Effect.option)
-      if (current._tag === "Some" && current.value.meta.agent === agent) return goldenOf(current.value)
-      const built = yield* buildImage({ arch: "x86_64", variant: "small", agent: guestBundle })
+      if (
+        current._tag === "Some" &&
+        current.value.meta.agent === agent &&
+        stamp === `${inputs} ${current.value.meta.digest}`
+      )
+        return goldenOf(current.value)
+      const built = yield* buildImage({
+        arch: "x86_64",
+        variant: "small",
+        agent: guestBundle,
+        snapshotEntry: guestSnapshotEntry
+      })
+      fs.writeFileSync(stampFile, `${inputs} ${built.meta.digest}\n`)
       return goldenOf(built)
     })
     return await Effect.runPromise(program.pipe(Effect.provide(layer)))

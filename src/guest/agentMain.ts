@@ -1,16 +1,16 @@
 /**
- * abox-guest: the agent inside the VM (bundled to dist/abox-guest.js and baked into images).
- * The image's init runs it as root with no flags; FakeVmm runs it on the host with flags.
+ * The guest agent's program: `main(argv)`. Two entries run it: `main.ts` (the ESM bundle
+ * dist/abox-guest.js, which FakeVmm runs on the host and images fall back to) and `snapshot.ts`
+ * (a V8 startup snapshot built at image-build time, which the image's init runs first).
  *
- * Start-up is on every boot's critical path, so this entry is plain async TypeScript over the
+ * Start-up is on every boot's critical path, so this is plain async TypeScript over the
  * Mux (plain TypeScript too) with effect/Schema for every decode: no Effect runtime loop, no
  * @effect/platform-node, no @effect/cli. Raw node:* calls are the point here (fds of a virtio
  * port, uid/gid of child processes, process groups, signals, fsync).
+ *
+ * Nothing here may touch the process at load time (no timers, handles, env or argv reads that
+ * matter later): a startup snapshot runs the module's top level at build time, not at boot.
  */
-// A virtio port is read with blocking reads on the libuv thread pool (see rpcPort.ts): give the
-// pool room for it and for tar extraction. Must be set before the pool's first use.
-process.env.UV_THREADPOOL_SIZE ??= "8"
-
 import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -187,6 +187,10 @@ const endCode = (end: AgentEnd): number =>
       : GuestExit.ProtocolError
 
 export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
+  // A virtio port is read with blocking reads on the libuv thread pool (see rpcPort.ts): give the
+  // pool room for it and for tar extraction. Set before the pool's first use (here, not at load
+  // time: a snapshot's load-time environment is the build host's).
+  process.env.UV_THREADPOOL_SIZE ??= "8"
   const parsed = parseArgs(argv)
   if (Either.isLeft(parsed)) {
     process.stderr.write(`abox-guest: ${parsed.left}\n${GUEST_USAGE}\n`)
@@ -262,7 +266,8 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   log(
     `session ${config.right.sessionId} on ${rpc.describe}, ${history.length} turns remembered, ` +
       `turns run as ${user === undefined ? "this user" : `${user.name} (${user.uid}:${user.gid})`}; ` +
-      `saying hello after ${Math.round(performance.now() - started)} ms`
+      `saying hello after ${Math.round(performance.now() - started)} ms ` +
+      `(node up ${Math.round(process.uptime() * 1000)} ms)`
   )
   const end = await agent.run()
   log(`conversation ended: ${end}`)
@@ -275,5 +280,3 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   mux.close()
   return finish(flags, endCode(end))
 }
-
-await main(process.argv.slice(2))

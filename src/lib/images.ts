@@ -40,12 +40,21 @@ export const ImageIdentityFields = Schema.Struct({
 })
 export type ImageIdentityFields = typeof ImageIdentityFields.Type
 
+/**
+ * how the image's init starts the agent: from a V8 startup snapshot (falling back to the bundle
+ * if node rejects it) or from the plain bundle; recorded, not part of the identity (root.raw's
+ * digest covers the blob)
+ */
+export const AgentStart = Schema.Literal("snapshot", "bundle")
+export type AgentStart = typeof AgentStart.Type
+
 export const ImageJson = Schema.Struct({
   format: Schema.Literal(IMAGE_FORMAT),
   ...ImageIdentityFields.fields,
   digest: Sha256,
   created: Schema.String,
-  files: Schema.Struct({ kernel: ImageFile, initrd: ImageFile, root: ImageFile })
+  files: Schema.Struct({ kernel: ImageFile, initrd: ImageFile, root: ImageFile }),
+  agentStart: Schema.optional(AgentStart)
 })
 export type ImageJson = typeof ImageJson.Type
 
@@ -242,7 +251,7 @@ export const registerImage = Effect.fn("images.register")(function* (
   imagesDir: string,
   staging: string,
   identity: ImageIdentityFields,
-  options: { readonly makeDefault: boolean }
+  options: { readonly makeDefault: boolean; readonly agentStart?: AgentStart | undefined }
 ) {
   const hashOf = (file: string) =>
     Effect.all({
@@ -263,7 +272,8 @@ export const registerImage = Effect.fn("images.register")(function* (
       kernel: { file: IMAGE_FILES.kernel, sha256: kernel.sha256, size: kernel.stat.size },
       initrd: { file: IMAGE_FILES.initrd, sha256: initrd.sha256, size: initrd.stat.size },
       root: { file: IMAGE_FILES.root, sha256: root.sha256, size: root.stat.size }
-    }
+    },
+    ...(options.agentStart === undefined ? {} : { agentStart: options.agentStart })
   }
   // golden files are read-only: sessions clone them, nothing writes them
   for (const file of Object.values(IMAGE_FILES)) {

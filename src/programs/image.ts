@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { GuestArch } from "../services/SessionStore.js"
-import { IMAGE_NAME, listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
+import { AgentStart, IMAGE_NAME, listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
 
 /** `abox image build` could not build (a recipe step failed, an input is missing) */
 export class ImageBuildFailed extends Schema.TaggedError<ImageBuildFailed>()("ImageBuildFailed", {
@@ -27,7 +27,8 @@ const BuildInfo = Schema.Struct({
   variant: ImageVariant,
   arch: GuestArch,
   kernel: Schema.String,
-  node: Schema.String
+  node: Schema.String,
+  agentStart: Schema.optional(AgentStart)
 })
 const decodeBuildInfo = Schema.decodeUnknown(Schema.parseJson(BuildInfo))
 
@@ -50,6 +51,12 @@ export interface BuildOptions {
   readonly name?: string | undefined
   /** the guest-agent bundle; default `<package>/dist/abox-guest.js` */
   readonly agent?: string | undefined
+  /**
+   * the agent's startup-snapshot entry (CommonJS); default `abox-guest-snapshot.cjs` next to the
+   * bundle when present. Without it (or when the guest's node cannot run on this host) the image
+   * starts the plain bundle.
+   */
+  readonly snapshotEntry?: string | undefined
   /** make it the default image (default true) */
   readonly makeDefault?: boolean | undefined
   /** download cache; default `$ABOX_HOME/cache` */
@@ -73,6 +80,9 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   const agent = path.resolve(options.agent ?? path.join(root, "dist", "abox-guest.js"))
   if (!existsSync(agent))
     return yield* fail("agent", `guest-agent bundle ${agent} not found: run \`npm run build\` first`)
+  const snapshotEntry = path.resolve(
+    options.snapshotEntry ?? path.join(path.dirname(agent), "abox-guest-snapshot.cjs")
+  )
   const recipe = path.join(root, "images", `build-${options.variant}.sh`)
   if (!existsSync(recipe)) return yield* fail("recipe", `recipe ${recipe} not found`)
   const cache = options.cacheDir ?? path.join(paths.home, "cache")
@@ -95,7 +105,8 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
       "--cache",
       cache,
       "--agent",
-      agent
+      agent,
+      ...(existsSync(snapshotEntry) ? ["--snapshot-entry", snapshotEntry] : [])
     ).pipe(
       Command.stdout("inherit"),
       Command.stderr("inherit"),
@@ -130,7 +141,7 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
         agent: agentDigest,
         protocol: PROTOCOL_VERSION
       },
-      { makeDefault: options.makeDefault ?? true }
+      { makeDefault: options.makeDefault ?? true, agentStart: info.agentStart }
     ).pipe(Effect.mapError((error) => fail("register", error.message)))
   }).pipe(Effect.onError(() => removeStaging))
 })
