@@ -4,11 +4,17 @@
  * The same paths on a real VM are in test/e2e-cli.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { spawn } from "node:child_process"
-import { createHash } from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { buildCli, cliBundle, removeTempHomes, runCli, tempHome } from "./cliHelpers.js"
+import {
+  buildCli,
+  cliBundle,
+  fileChecksums,
+  removeTempHomes,
+  runCli,
+  startCli as startBundle,
+  tempHome
+} from "./cliHelpers.js"
 
 const fake = { ABOX_VMM: "fake" }
 let source = ""
@@ -20,57 +26,15 @@ beforeAll(async () => {
 }, 120_000)
 afterAll(() => removeTempHomes())
 
-const sessionFiles = (home: string, id: string) => {
-  const dir = path.join(home, "sessions", id)
-  return Object.fromEntries(
-    fs
-      .readdirSync(dir)
-      .filter((f) => fs.statSync(path.join(dir, f)).isFile())
-      .map((f) => [
-        f,
-        createHash("sha256")
-          .update(fs.readFileSync(path.join(dir, f)))
-          .digest("hex")
-      ])
-  )
-}
+const sessionFiles = (home: string, id: string) => fileChecksums(path.join(home, "sessions", id))
 
-/** start the CLI; resolves with the exit once it ends */
-const startCli = (home: string, args: ReadonlyArray<string>) => {
-  const child = spawn(process.execPath, [cliBundle, ...args], {
-    env: { PATH: process.env.PATH ?? "", HOME: path.join(home, "user"), ABOX_HOME: home, ...fake },
-    stdio: ["ignore", "pipe", "pipe"]
+const startCli = (home: string, args: ReadonlyArray<string>) =>
+  startBundle(cliBundle, args, {
+    PATH: process.env.PATH ?? "",
+    HOME: path.join(home, "user"),
+    ABOX_HOME: home,
+    ...fake
   })
-  let stdout = ""
-  let stderr = ""
-  child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
-  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
-  const exited = new Promise<{
-    code: number | null
-    signal: NodeJS.Signals | null
-    stdout: string
-    stderr: string
-    at: number
-  }>((resolve) =>
-    child.on("exit", (code, signal) => resolve({ code, signal, stdout, stderr, at: Date.now() }))
-  )
-  const sees = (text: string) =>
-    new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(
-        () => reject(new Error(`never saw ${text}; stdout: ${stdout}; stderr: ${stderr}`)),
-        30_000
-      )
-      const check = () => {
-        if (stdout.includes(text)) {
-          clearTimeout(timer)
-          resolve()
-        }
-      }
-      child.stdout.on("data", check)
-      check()
-    })
-  return { child, exited, sees }
-}
 
 const processesOf = (home: string) =>
   fs.readdirSync("/proc").filter((p) => {

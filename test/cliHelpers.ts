@@ -1,5 +1,6 @@
 import { build } from "esbuild"
-import { spawnSync } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
+import { createHash } from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -73,3 +74,54 @@ export const writeSession = (
   fs.writeFileSync(path.join(dir, "session.json"), body, { mode: 0o600 })
   return dir
 }
+
+export interface CliExit {
+  readonly code: number | null
+  readonly signal: NodeJS.Signals | null
+  readonly stdout: string
+  readonly stderr: string
+  /** when it exited (Date.now()) */
+  readonly at: number
+}
+
+/** start `node <bundle> …args` without waiting: its exit, and a wait for text on its stdout */
+export const startCli = (bundle: string, args: ReadonlyArray<string>, env: Record<string, string>) => {
+  const child = spawn(process.execPath, [bundle, ...args], { env, stdio: ["ignore", "pipe", "pipe"] })
+  let stdout = ""
+  let stderr = ""
+  child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
+  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
+  const exited = new Promise<CliExit>((resolve) =>
+    child.on("exit", (code, signal) => resolve({ code, signal, stdout, stderr, at: Date.now() }))
+  )
+  const sees = (text: string, timeoutMs = 300_000) =>
+    new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(
+        () => reject(new Error(`never saw ${text}; stdout: ${stdout}; stderr: ${stderr}`)),
+        timeoutMs
+      )
+      const check = () => {
+        if (stdout.includes(text)) {
+          clearTimeout(timer)
+          resolve()
+        }
+      }
+      child.stdout.on("data", check)
+      check()
+    })
+  return { child, exited, sees }
+}
+
+/** sha256 of every regular file directly in `dir` (except those named in `skip`) */
+export const fileChecksums = (dir: string, skip: ReadonlyArray<string> = []) =>
+  Object.fromEntries(
+    fs
+      .readdirSync(dir)
+      .filter((f) => !skip.includes(f) && fs.statSync(path.join(dir, f)).isFile())
+      .map((f) => [
+        f,
+        createHash("sha256")
+          .update(fs.readFileSync(path.join(dir, f)))
+          .digest("hex")
+      ])
+  )

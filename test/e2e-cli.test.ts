@@ -4,11 +4,11 @@
  * where QEMU or the image tools are missing; CI has them.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { spawn, spawnSync } from "node:child_process"
-import { createHash } from "node:crypto"
+import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
+import { fileChecksums, startCli as startBundle } from "./cliHelpers.js"
 import { ensureTestImage, processesMentioning, repoRoot, testHome, vmSkipReason } from "./e2e-vm-image.js"
 
 const skip = vmSkipReason()
@@ -41,50 +41,9 @@ const runCli = (args: ReadonlyArray<string>) => {
   return { code: r.status, stdout: r.stdout, stderr: r.stderr }
 }
 
-const startCli = (args: ReadonlyArray<string>) => {
-  const child = spawn(process.execPath, [cli, ...args], { env: env(), stdio: ["ignore", "pipe", "pipe"] })
-  let stdout = ""
-  let stderr = ""
-  child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
-  child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
-  const exited = new Promise<{
-    code: number | null
-    signal: NodeJS.Signals | null
-    stdout: string
-    stderr: string
-    at: number
-  }>((resolve) =>
-    child.on("exit", (code, signal) => resolve({ code, signal, stdout, stderr, at: Date.now() }))
-  )
-  const sees = (text: string) =>
-    new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`never saw ${text}; stderr: ${stderr}`)), 300_000)
-      const check = () => {
-        if (stdout.includes(text)) {
-          clearTimeout(timer)
-          resolve()
-        }
-      }
-      child.stdout.on("data", check)
-      check()
-    })
-  return { child, exited, sees }
-}
+const startCli = (args: ReadonlyArray<string>) => startBundle(cli, args, env())
 
-const sessionFiles = (id: string) => {
-  const dir = path.join(home, "sessions", id)
-  return Object.fromEntries(
-    fs
-      .readdirSync(dir)
-      .filter((f) => f !== "root.raw" && fs.statSync(path.join(dir, f)).isFile())
-      .map((f) => [
-        f,
-        createHash("sha256")
-          .update(fs.readFileSync(path.join(dir, f)))
-          .digest("hex")
-      ])
-  )
-}
+const sessionFiles = (id: string) => fileChecksums(path.join(home, "sessions", id), ["root.raw"])
 
 /** until `check` holds or `ms` pass (the VM's exit is another process's event: watched, bounded) */
 const within = async (ms: number, check: () => boolean) => {

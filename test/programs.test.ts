@@ -10,11 +10,11 @@ import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
-import { createHash } from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
+import { fileChecksums } from "./cliHelpers.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
 import { HttpsBrokerLive } from "../src/layers/HttpsBrokerLive.js"
 import { FakeImages } from "../src/layers/Lifecycle.js"
@@ -57,19 +57,6 @@ const stdoutOf = (events: ReadonlyArray<unknown>) =>
 
 const sessionDirs = (home: string) =>
   fs.existsSync(path.join(home, "sessions")) ? fs.readdirSync(path.join(home, "sessions")) : []
-
-const checksums = (dir: string) =>
-  Object.fromEntries(
-    fs
-      .readdirSync(dir)
-      .filter((f) => fs.statSync(path.join(dir, f)).isFile())
-      .map((f) => [
-        f,
-        createHash("sha256")
-          .update(fs.readFileSync(path.join(dir, f)))
-          .digest("hex")
-      ])
-  )
 
 describe("open → turn → close → resume (FakeVmm)", () => {
   it.live("a whole life: exact snapshot, turns, graceful close recorded, resume sees the files", () => {
@@ -200,9 +187,9 @@ describe("resume refuses before touching config or disk", () => {
       const file = path.join(home, "sessions", id, "session.json")
       const edited = edit(JSON.parse(fs.readFileSync(file, "utf8")) as Record<string, unknown>)
       fs.writeFileSync(file, typeof edited === "string" ? edited : JSON.stringify(edited))
-      const before = checksums(path.join(home, "sessions", id))
+      const before = fileChecksums(path.join(home, "sessions", id))
       yield* check(id, home)
-      expect(checksums(path.join(home, "sessions", id))).toEqual(before)
+      expect(fileChecksums(path.join(home, "sessions", id))).toEqual(before)
     }).pipe(Effect.provide(layerFor(home)))
   }
 
@@ -269,12 +256,12 @@ describe("resume refuses before touching config or disk", () => {
         Effect.gen(function* () {
           yield* resume(id)
           const dir = path.join(home, "sessions", id)
-          const before = checksums(dir)
+          const before = fileChecksums(dir)
           const started = Date.now()
           const second = yield* refusal(id)
           expect(second).toMatchObject({ _tag: "SessionBusy", sessionId: id })
           expect(Date.now() - started).toBeLessThan(2_000)
-          expect(checksums(dir)).toEqual(before)
+          expect(fileChecksums(dir)).toEqual(before)
         })
       )
     }).pipe(Effect.provide(layerFor(home)))
