@@ -94,22 +94,25 @@ export const startCli = (bundle: string, args: ReadonlyArray<string>, env: Recor
   const exited = new Promise<CliExit>((resolve) =>
     child.on("exit", (code, signal) => resolve({ code, signal, stdout, stderr, at: Date.now() }))
   )
-  const sees = (text: string, timeoutMs = 300_000) =>
+  const waitFor = (stream: "stdout" | "stderr", text: string, timeoutMs: number) =>
     new Promise<void>((resolve, reject) => {
+      const seen = () => (stream === "stdout" ? stdout : stderr)
       const timer = setTimeout(
         () => reject(new Error(`never saw ${text}; stdout: ${stdout}; stderr: ${stderr}`)),
         timeoutMs
       )
       const check = () => {
-        if (stdout.includes(text)) {
+        if (seen().includes(text)) {
           clearTimeout(timer)
           resolve()
         }
       }
-      child.stdout.on("data", check)
+      child[stream].on("data", check)
       check()
     })
-  return { child, exited, sees }
+  const sees = (text: string, timeoutMs = 300_000) => waitFor("stdout", text, timeoutMs)
+  const seesOnStderr = (text: string, timeoutMs = 300_000) => waitFor("stderr", text, timeoutMs)
+  return { child, exited, sees, seesOnStderr }
 }
 
 /** sha256 of every regular file directly in `dir` (except those named in `skip`) */

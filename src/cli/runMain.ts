@@ -19,6 +19,8 @@ export const runMain = makeRunMain(({ fiber, teardown }) => {
   function onSignal(signal: NodeJS.Signals) {
     receivedSignal = signal
     removeListeners()
+    // say so: the close takes a moment (the guest powers off), and a second signal cuts it short
+    process.stderr.write(`\nabox: ${signal}: closing (a second signal exits at once)\n`)
     fiber.unsafeInterruptAsFork(fiber.id())
   }
   for (const signal of CLOSE_SIGNALS) process.on(signal, onSignal)
