@@ -1,0 +1,150 @@
+/**
+ * The broker with a real VM: from inside the guest, node's own HTTPS client goes through the
+ * guest's CONNECT proxy and the host broker to an HTTPS server on the host's loopback. The
+ * server sees the host's credential; the guest holds only a placeholder. After open → turns →
+ * close → resume, a planted canary appears nowhere: not in the session directory (root.raw,
+ * config.raw, console.log, broker.log, …), not on the VMM's command line or in its environment,
+ * not in the guest's environment.
+ */
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import { describe, expect, it } from "@effect/vitest"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import * as Stream from "effect/Stream"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
+import { QemuVmmLive } from "../src/layers/QemuVmm.js"
+import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
+import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
+import type { BrokerPolicy } from "../src/lib/broker/policy.js"
+import { ImagesLive } from "../src/lib/images.js"
+import { open, resume } from "../src/programs/session.js"
+import { aboxPathsAt } from "../src/services/AboxPaths.js"
+import type { TurnEvent } from "../src/services/GuestRpc.js"
+import { ensureTestImage, processesMentioning, testHome, vmSkipReason } from "./e2e-vm-image.js"
+import { startUpstream } from "./support/brokerHarness.js"
+
+const skip = vmSkipReason()
+if (skip !== undefined) console.warn(`e2e broker VM test skipped: ${skip}`)
+
+const stdoutOf = (events: ReadonlyArray<TurnEvent>) =>
+  events.map((e) => (e._tag === "Event" && e.event.kind === "stdout" ? e.event.data : "")).join("")
+
+/** node's HTTPS client through $HTTPS_PROXY (CONNECT), trusting the session CA via NODE_EXTRA_CA_CERTS */
+const fetchThroughProxy = (host: string, port: number, header: string) =>
+  `node -e '
+const http = require("http"), https = require("https"), tls = require("tls")
+const proxy = new URL(process.env.HTTPS_PROXY)
+const req = http.request({ host: proxy.hostname, port: proxy.port, method: "CONNECT", path: "${host}:${port}" })
+req.on("connect", (res, socket) => {
+  if (res.statusCode !== 200) { console.log("refused " + res.statusCode); process.exit(2) }
+  https.get({ host: "${host}", port: ${port}, path: "/hello", headers: { "${header}": process.env.ABOX_TEST_CANARY_KEY },
+    createConnection: () => tls.connect({ socket, servername: "${host}" }) }, (r) => r.pipe(process.stdout))
+})
+req.end()'`
+
+/** true if `needle` occurs in the file, read in chunks (root.raw is a 2 GiB sparse image) */
+const fileContains = (file: string, needle: Buffer): boolean => {
+  const fd = fs.openSync(file, "r")
+  try {
+    const chunk = Buffer.alloc(8 * 1024 * 1024)
+    let carry = Buffer.alloc(0)
+    for (;;) {
+      const n = fs.readSync(fd, chunk, 0, chunk.length, null)
+      if (n === 0) return false
+      const window = Buffer.concat([carry, chunk.subarray(0, n)])
+      if (window.includes(needle)) return true
+      carry = window.subarray(Math.max(0, window.length - needle.length))
+    }
+  } finally {
+    fs.closeSync(fd)
+  }
+}
+
+describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
+  it.live(
+    "credential added on the host, placeholder in the guest; the canary is nowhere after open, turns, close, resume",
+    () =>
+      Effect.gen(function* () {
+        yield* Effect.promise(() => ensureTestImage())
+        const canary = `sk-ant-api03-canary${Math.random().toString(36).slice(2)}x9`
+        process.env.ABOX_TEST_CANARY_KEY = canary
+        const upstream = yield* Effect.acquireRelease(
+          Effect.promise(() => startUpstream("api.test.local")),
+          (u) => Effect.promise(() => u.close())
+        )
+        const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-broker-"))
+        fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
+        const source = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-broker-src-"))
+        fs.writeFileSync(path.join(source, "README.md"), "broker\n")
+        const policy: BrokerPolicy = {
+          format: 1,
+          allow: [{ host: "api.test.local", ports: [upstream.port] }],
+          credentials: [{ host: "api.test.local", header: "x-api-key", fromEnv: "ABOX_TEST_CANARY_KEY" }],
+          resolve: { "api.test.local": "127.0.0.1" }
+        }
+        const layer = Layer.mergeAll(
+          SessionStoreLive,
+          RuntimeLockLive,
+          GuestRpcLive,
+          httpsBrokerLayer({ extraUpstreamCa: [upstream.caPem] }),
+          QemuVmmLive({ note: () => undefined }),
+          ImagesLive
+        ).pipe(
+          Layer.provideMerge(aboxPathsAt(home)),
+          Layer.provideMerge(NodeCommandExecutor.layer),
+          Layer.provideMerge(NodeFileSystem.layer)
+        )
+        const vmmCommandLines: Array<string> = []
+        const recordVmm = (dir: string) =>
+          Effect.sync(() => {
+            for (const pid of processesMentioning(path.join(dir, "root.raw"))) {
+              vmmCommandLines.push(fs.readFileSync(`/proc/${pid}/cmdline`, "utf8"))
+              vmmCommandLines.push(fs.readFileSync(`/proc/${pid}/environ`, "utf8"))
+            }
+          })
+        const fetch = fetchThroughProxy("api.test.local", upstream.port, "x-api-key")
+
+        const id = yield* Effect.gen(function* () {
+          const id = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* open({ source, policy })
+              yield* recordVmm(session.dir)
+              const env = stdoutOf(Array.from(yield* Stream.runCollect(session.turn("env"))))
+              expect(env).toContain("ABOX_TEST_CANARY_KEY=abox-placeholder")
+              expect(env).not.toContain(canary)
+              expect(stdoutOf(Array.from(yield* Stream.runCollect(session.turn(fetch))))).toBe(
+                "hello from upstream\n"
+              )
+              return session.id
+            })
+          )
+          yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* resume(id)
+              yield* recordVmm(session.dir)
+              expect(stdoutOf(Array.from(yield* Stream.runCollect(session.turn(fetch))))).toBe(
+                "hello from upstream\n"
+              )
+            })
+          )
+          return id
+        }).pipe(Effect.provide(layer))
+
+        expect(upstream.seen.map((r) => r.headers["x-api-key"])).toEqual([canary, canary])
+        const dir = path.join(home, "sessions", id)
+        const files = fs.readdirSync(dir).filter((f) => fs.statSync(path.join(dir, f)).isFile())
+        expect(files).toEqual(expect.arrayContaining(["root.raw", "config.raw", "console.log", "broker.log"]))
+        const needle = Buffer.from(canary)
+        for (const file of files) expect(fileContains(path.join(dir, file), needle), file).toBe(false)
+        expect(vmmCommandLines.length).toBeGreaterThanOrEqual(4)
+        for (const text of vmmCommandLines) expect(text).not.toContain(canary)
+        delete process.env.ABOX_TEST_CANARY_KEY
+      }).pipe(Effect.scoped),
+    600_000
+  )
+})
