@@ -4,12 +4,15 @@
  *   boot of the same image to init's first serial line; per-phase medians in the note
  * - lifecycleTurn: a no-op turn while a session is open (VM) vs the same turn over the fake
  *   backend (the guest agent as a host process): what TCG and virtio-serial add to a turn
+ * - transferTree50MB: Open's repo transfer vs `tar | tar` (fake backend)
+ * - lifecycleRss: CLI + helper memory during a turn vs a 120 MiB budget
  */
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
+import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { performance } from "node:perf_hooks"
@@ -137,5 +140,117 @@ export const lifecycleTurn = async (ctx: BenchContext): Promise<Figure> => {
     floorMs: round(host),
     runs: turns,
     note: "a `true` turn (user_turn → turn_end) in an open VM session vs the same turn over the fake backend (guest agent on the host)"
+  }
+}
+
+/** a tree of `bytes` in files of 256 KiB (incompressible content, like a repository's objects) */
+const treeOf = (ctx: BenchContext, bytes: number) => {
+  const root = fs.mkdtempSync(path.join(ctx.tmp, "tree-"))
+  const file = Buffer.alloc(256 * 1024)
+  for (let i = 0; i * file.length < bytes; i++) {
+    const dir = path.join(root, `d${i % 16}`)
+    fs.mkdirSync(dir, { recursive: true })
+    for (let k = 0; k < file.length; k += 4) file.writeUInt32LE((i * 2654435761 + k * 40503) >>> 0, k)
+    fs.writeFileSync(path.join(dir, `f${i}.bin`), file)
+  }
+  return root
+}
+
+/**
+ * transferTree50MB: Open's transfer phase (snapshot as tar → protocol v4 channel with flow
+ * control → the guest agent extracts into its repo; fake backend, so TCG does not dominate) vs
+ * the floor `tar -c | tar -x` of the same tree; ratio = throughput (goal ≥ 0.7)
+ */
+export const transferTree50MB = async (ctx: BenchContext): Promise<Figure> => {
+  const bytes = 50 * 1024 * 1024
+  const tree = treeOf(ctx, bytes)
+  const runs = Math.min(ctx.runs, 5)
+  const transferMs = () =>
+    Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          let started = 0
+          let ended = 0
+          const onPhase = (phase: Phase) =>
+            Effect.sync(() => {
+              if (phase === "transfer") started = performance.now()
+              if (phase === "ready") ended = performance.now()
+            })
+          yield* open({ source: tree, onPhase })
+          return ended - started
+        })
+      ).pipe(Effect.provide(layerFor(benchHome(ctx, "transfer"), true)))
+    )
+  const tarMs = () => {
+    const target = fs.mkdtempSync(path.join(ctx.tmp, "untar-"))
+    const ms = timeOnce(["sh", "-c", `tar -C '${tree}' -cf - . | tar -C '${target}' -xf -`])
+    fs.rmSync(target, { recursive: true, force: true })
+    return ms
+  }
+  await transferMs()
+  tarMs()
+  const ours: Array<number> = []
+  const floor: Array<number> = []
+  for (let i = 0; i < runs; i++) {
+    ours.push(await transferMs())
+    floor.push(tarMs())
+  }
+  const medianMs = median(ours)
+  const floorMs = median(floor)
+  const mibs = (ms: number) => round(bytes / 1048576 / (ms / 1000), 0)
+  return {
+    ratio: round(floorMs / medianMs),
+    medianMs: round(medianMs),
+    floorMs: round(floorMs),
+    runs,
+    goal: 0.7,
+    note: `ratio = throughput vs tar | tar; abox ${mibs(medianMs)} MiB/s, floor ${mibs(floorMs)} MiB/s`
+  }
+}
+
+const rssKiB = (pid: number): number =>
+  Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0)
+
+/**
+ * lifecycleRss: the host's memory while a session runs a turn — the `abox` CLI process plus its
+ * `abox-vmm` helper (QEMU itself, the guest's RAM, is not counted), in MiB, against 120 MiB
+ */
+export const lifecycleRss = async (ctx: BenchContext): Promise<Figure> => {
+  await image()
+  const home = benchHome(ctx, "rss")
+  const repo = smallRepo(ctx)
+  const samples: Array<number> = []
+  for (let i = 0; i < Math.min(ctx.runs, 3); i++) {
+    const child = spawn(process.execPath, [cli, "run", repo, "--", "echo measuring; sleep 2"], {
+      env: { ...process.env, ABOX_HOME: home },
+      stdio: ["ignore", "pipe", "ignore"]
+    })
+    await new Promise<void>((resolve) =>
+      child.stdout.on("data", (d: Buffer) => d.toString().includes("measuring") && resolve())
+    )
+    const helper = fs
+      .readdirSync("/proc")
+      .filter((p) => /^\d+$/.test(p))
+      .find((p) => {
+        try {
+          return (
+            fs.readFileSync(`/proc/${p}/cmdline`, "utf8").includes("abox-vmm") &&
+            /PPid:\s+(\d+)/.exec(fs.readFileSync(`/proc/${p}/status`, "utf8"))?.[1] === String(child.pid)
+          )
+        } catch {
+          return false
+        }
+      })
+    samples.push((rssKiB(child.pid!) + (helper === undefined ? 0 : rssKiB(Number(helper)))) / 1024)
+    await new Promise((resolve) => child.on("exit", resolve))
+  }
+  const mib = median(samples)
+  return {
+    ratio: round(mib / 120),
+    medianMs: round(mib, 1),
+    floorMs: 120,
+    runs: samples.length,
+    goal: 1,
+    note: "MiB (not ms): abox CLI + abox-vmm helper RSS during a turn, against a 120 MiB budget"
   }
 }

@@ -7,7 +7,7 @@
 import * as fs from "node:fs"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
-import { lifecycleRun, lifecycleTurn } from "./lifecycle.js"
+import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { scrubOverhead } from "./scrub.js"
@@ -26,7 +26,9 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["vmmClone", vmmClone],
   ["vmmRss", vmmRss],
   ["lifecycleRun", lifecycleRun],
-  ["lifecycleTurn", lifecycleTurn]
+  ["lifecycleTurn", lifecycleTurn],
+  ["transferTree50MB", transferTree50MB],
+  ["lifecycleRss", lifecycleRss]
 ]
 
 const only = process.argv.slice(2)
