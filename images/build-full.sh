@@ -6,7 +6,7 @@
 #
 # usage: build-full.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
 #                      [--snapshot-entry FILE] [--node VERSION]
-# With --snapshot-entry the agent's startup snapshot is built as in build-small.sh.
+# With --snapshot-entry the root is prepared for the agent's startup snapshot as in build-small.sh.
 set -eu
 ARCH=x86_64; OUT=; CACHE=; AGENT=; SNAPSHOT_ENTRY=; NODE_VERSION=20.20.2; ROOT_SIZE=4G
 MIRROR=${ABOX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -48,9 +48,14 @@ mkdir -p "$WORK/node" && tar -xzf "$NODE_TGZ" -C "$WORK/node" package/bin/node
 cp "$WORK/node/package/bin/node" "$R/usr/local/bin/node"
 mkdir -p "$R/opt/abox" "$R/work/repo" "$R/var/lib/abox" "$R/home/agent"
 cp "$AGENT" "$R/opt/abox/abox-guest.js"
+# the agent's startup snapshot is built by the image's first boot (see agent-snapshot.sh):
+# here only its entry and builder go in
 AGENT_START=bundle
 if [ -n "$SNAPSHOT_ENTRY" ]; then
-  AGENT_START=$(sh "$HERE/agent-snapshot.sh" "$WORK/node/package/bin/node" "$SNAPSHOT_ENTRY" "$ARCH" "$R/opt/abox/agent.blob")
+  cp "$SNAPSHOT_ENTRY" "$R/opt/abox/abox-guest-snapshot.cjs"
+  cp "$HERE/agent-snapshot.sh" "$R/opt/abox/agent-snapshot.sh"
+  chmod 0644 "$R/opt/abox/abox-guest-snapshot.cjs" "$R/opt/abox/agent-snapshot.sh"
+  AGENT_START=snapshot-entry
 fi
 # busybox (from the small image's package) provides poweroff -f, insmod and friends in /bin/busybox
 dpkg-deb -x "$(ls "$CACHE/debs/$DEB_ARCH"/busybox-static_*.deb | head -n1)" "$WORK/bb"

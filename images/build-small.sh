@@ -7,8 +7,9 @@
 # Downloads are cached in $CACHE so rebuilds do not fetch again.
 #
 # The agent's start is on every boot's critical path: with --snapshot-entry (dist/abox-guest-snapshot.cjs)
-# and a guest arch the build host can execute, the guest's own node binary builds a V8 startup
-# snapshot of the agent (/opt/abox/agent.blob) that init runs first, falling back to the bundle.
+# the root also holds what the image's first boot (`abox image build`, kernel argument
+# abox.snapshot=build) needs to build a V8 startup snapshot of the agent (/opt/abox/agent.blob),
+# which init then runs first, falling back to the bundle.
 #
 # usage: build-small.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
 #                       [--snapshot-entry FILE] [--node VERSION]
@@ -127,9 +128,14 @@ if [ "$ARCH" = x86_64 ]; then ln -s "../lib/$LIB_TRIPLE/$LD_NAME" "$R/lib64/$LD_
 cp "$WORK/node/package/bin/node" "$R/usr/local/bin/node"
 ln -s ../local/bin/node "$R/usr/bin/node"
 cp "$AGENT" "$R/opt/abox/abox-guest.js"
+# the agent's startup snapshot is built by the image's first boot (see agent-snapshot.sh):
+# here only its entry and builder go in
 AGENT_START=bundle
 if [ -n "$SNAPSHOT_ENTRY" ]; then
-  AGENT_START=$(sh "$HERE/agent-snapshot.sh" "$WORK/node/package/bin/node" "$SNAPSHOT_ENTRY" "$ARCH" "$R/opt/abox/agent.blob")
+  cp "$SNAPSHOT_ENTRY" "$R/opt/abox/abox-guest-snapshot.cjs"
+  cp "$HERE/agent-snapshot.sh" "$R/opt/abox/agent-snapshot.sh"
+  chmod 0644 "$R/opt/abox/abox-guest-snapshot.cjs" "$R/opt/abox/agent-snapshot.sh"
+  AGENT_START=snapshot-entry
 fi
 cp "$HERE/root-init.sh" "$R/sbin/init" 2>/dev/null || { rm -f "$R/sbin/init"; cp "$HERE/root-init.sh" "$R/sbin/init"; }
 chmod 0755 "$R/sbin/init"

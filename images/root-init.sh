@@ -2,7 +2,7 @@
 # /sbin/init of the golden root: minimal mounts, one console line, then the guest agent.
 # The agent's defaults: config /dev/vdb, rpc = the virtio-serial port named abox.rpc,
 # state /var/lib/abox, repo /work/repo, user agent, on shutdown: poweroff.
-# The agent starts from its V8 startup snapshot (/opt/abox/agent.blob, see images/agent-snapshot.sh)
+# The agent starts from its V8 startup snapshot (/opt/abox/agent.blob, see agent-snapshot.sh)
 # when the image has one; a blob node rejects (it exits non-zero, or dies, before the agent's first
 # step, which creates /run/abox-agent.started) falls back to the plain bundle: never a dead boot.
 export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
@@ -17,6 +17,19 @@ mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
 hostname "$(cat /etc/hostname 2>/dev/null || echo abox)"
 ip link set lo up 2>/dev/null
 echo "abox-init: started"
+# `abox image build` boots a new image once with abox.snapshot=build: the agent's startup snapshot
+# is built here, by this node on this (virtual) CPU, then the VM powers off
+case " $(cat /proc/cmdline) " in
+  *" abox.snapshot=build "*)
+    if sh /opt/abox/agent-snapshot.sh "$(command -v node)" /opt/abox/abox-guest-snapshot.cjs /opt/abox/agent.blob; then
+      echo "abox-init: agent snapshot built"
+    else
+      echo "abox-init: agent snapshot not built"
+    fi
+    sync
+    poweroff -f
+    ;;
+esac
 if [ -x /opt/abox/init-hook ]; then /opt/abox/init-hook; fi
 # the agent reads its virtio port on the libuv thread pool (see src/guest/rpcPort.ts)
 export UV_THREADPOOL_SIZE=8

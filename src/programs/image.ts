@@ -1,4 +1,5 @@
 import * as Command from "@effect/platform/Command"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
@@ -6,12 +7,22 @@ import * as crypto from "node:crypto"
 import { existsSync } from "node:fs"
 // Raw node:fs: mkdir/rm of the staging directory and one small read (decoded by Schema below).
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { kvmUsable } from "../layers/QemuVmm.js"
+import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { GuestArch } from "../services/SessionStore.js"
-import { AgentStart, IMAGE_NAME, listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
+import {
+  type AgentStart,
+  IMAGE_NAME,
+  listImages,
+  registerImage,
+  removeImage,
+  sha256File
+} from "../lib/images.js"
 
 /** `abox image build` could not build (a recipe step failed, an input is missing) */
 export class ImageBuildFailed extends Schema.TaggedError<ImageBuildFailed>()("ImageBuildFailed", {
@@ -28,7 +39,8 @@ const BuildInfo = Schema.Struct({
   arch: GuestArch,
   kernel: Schema.String,
   node: Schema.String,
-  agentStart: Schema.optional(AgentStart)
+  /** `snapshot-entry`: the root holds what the first boot needs to build the agent's snapshot */
+  agentStart: Schema.optional(Schema.Literal("snapshot-entry", "bundle"))
 })
 const decodeBuildInfo = Schema.decodeUnknown(Schema.parseJson(BuildInfo))
 
@@ -65,6 +77,71 @@ export interface BuildOptions {
 
 const fail = (step: string, message: string) => new ImageBuildFailed({ step, message })
 const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+
+/** the accelerator a session VM gets here: ABOX_QEMU_ACCEL, else what QemuVmm's `auto` picks */
+const sessionAccel = (arch: GuestArch): Effect.Effect<Accel> => {
+  const wanted = process.env.ABOX_QEMU_ACCEL
+  if (wanted === "kvm" || wanted === "tcg") return Effect.succeed(wanted)
+  return Effect.map(kvmUsable(arch), (usable): Accel => (usable ? "kvm" : "tcg"))
+}
+
+/** the first boot's bound: a TCG boot plus one `node --build-snapshot` of the agent */
+const SNAPSHOT_BOOT_TIMEOUT = Duration.minutes(5)
+
+/**
+ * The image's first boot (kernel argument `abox.snapshot=build`): its init builds the agent's V8
+ * startup snapshot with the image's node on the CPU model sessions get (same QEMU command line
+ * as a session VM: accel, `-cpu`), writes /opt/abox/agent.blob into root.raw and powers off.
+ * V8 rejects a blob built on another CPU model (its features are part of the blob's tag), so a
+ * blob made on the build host would not do. Any failure (no QEMU for the arch, timeout, a
+ * failed build) leaves an image that starts the plain bundle: never a failed build.
+ */
+const buildAgentSnapshot = (staging: string, arch: GuestArch) =>
+  Effect.gen(function* () {
+    // raw node:fs: a short directory for the unix sockets (a staging path can exceed their limit)
+    const sockets = yield* Effect.acquireRelease(
+      Effect.promise(() => fs.mkdtemp(path.join(os.tmpdir(), "abox-snap-"))),
+      (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
+    )
+    const configDisk = path.join(sockets, "config.raw")
+    yield* Effect.promise(() => fs.writeFile(configDisk, Buffer.alloc(4096)))
+    const rpcSocket = path.join(sockets, "rpc.sock")
+    const argv = buildQemuArgv({
+      arch,
+      accel: yield* sessionAccel(arch),
+      kernel: path.join(staging, "vmlinuz"),
+      initrd: path.join(staging, "initrd.gz"),
+      rootDisk: path.join(staging, "root.raw"),
+      configDisk,
+      rpcSocket,
+      qmpSocket: path.join(sockets, "qmp.sock"),
+      cpus: 2,
+      memoryMiB: 1024,
+      kernelArgs: ["abox.snapshot=build"]
+      // nobody talks to the agent in this boot: QEMU listens on the RPC socket instead of dialling
+    }).map((arg) => (arg.startsWith("socket,id=rpc,") ? `${arg},server=on,wait=off` : arg))
+    const output = yield* Command.make(qemuBinary(arch), ...argv).pipe(
+      Command.env(minimalEnv()),
+      Command.stderr("inherit"),
+      Command.string,
+      Effect.timeout(SNAPSHOT_BOOT_TIMEOUT)
+    )
+    for (const line of output.split(/\r?\n/)) {
+      const at = line.search(/abox-init:|agent-snapshot:/)
+      if (at >= 0) process.stderr.write(`image build (first boot): ${line.slice(at).trim()}\n`)
+    }
+    return output.includes("abox-init: agent snapshot built") ? ("snapshot" as const) : ("bundle" as const)
+  }).pipe(
+    Effect.scoped,
+    Effect.catchAll((error) =>
+      Effect.sync(() => {
+        process.stderr.write(
+          `image build: no agent snapshot (the image starts the plain bundle): ${reasonOf(error)}\n`
+        )
+        return "bundle" as const
+      })
+    )
+  )
 
 /**
  * Build and register a golden image: run `images/build-<variant>.sh` into a staging directory
@@ -126,6 +203,8 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
       )
     )
     yield* Effect.promise(() => fs.rm(infoFile, { force: true }))
+    const agentStart: AgentStart =
+      info.agentStart === "snapshot-entry" ? yield* buildAgentSnapshot(staging, info.arch) : "bundle"
     const agentDigest = yield* sha256File(agent).pipe(
       Effect.mapError((error) => fail("agent", error.message))
     )
@@ -141,7 +220,7 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
         agent: agentDigest,
         protocol: PROTOCOL_VERSION
       },
-      { makeDefault: options.makeDefault ?? true, agentStart: info.agentStart }
+      { makeDefault: options.makeDefault ?? true, agentStart }
     ).pipe(Effect.mapError((error) => fail("register", error.message)))
   }).pipe(Effect.onError(() => removeStaging))
 })
