@@ -26,7 +26,9 @@ case " $(cat /proc/cmdline) " in
     else
       echo "abox-init: agent snapshot not built"
     fi
+    # a clean file system for the golden image: no journal left to replay at every session's boot
     sync
+    mount -o remount,ro / || echo "abox-init: cannot remount / read-only"
     poweroff -f
     ;;
 esac

@@ -23,7 +23,7 @@ import {
 } from "../protocol/ConfigDisk.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type { ControlMessage } from "../protocol/Messages.js"
-import { Mux } from "../protocol/Mux.js"
+import { GUEST_RECEIVE_WINDOW, Mux } from "../protocol/Mux.js"
 import { archName, GuestAgent, type AgentEnd, type AgentLink } from "./agent.js"
 import { CREDENTIAL_PLACEHOLDER, guestProxyEnv, startConnectProxy } from "./connectProxy.js"
 import { ensureStateDir, loadContext } from "./context.js"
@@ -53,7 +53,20 @@ const log = (line: string): void => {
 
 const errorText = (error: unknown): string => (error instanceof Error ? error.message : String(error))
 
-/** the config disk: only its first header + max JSON bytes are read, whatever the device size */
+const readFully = async (handle: fs.FileHandle, buffer: Buffer, position: number): Promise<number> => {
+  let filled = 0
+  while (filled < buffer.length) {
+    const { bytesRead } = await handle.read(buffer, filled, buffer.length - filled, position + filled)
+    if (bytesRead === 0) break
+    filled += bytesRead
+  }
+  return filled
+}
+
+/**
+ * The config disk: its header, then only the JSON length it names (at most the max JSON bytes),
+ * whatever the device size. decodeConfigDisk checks magic, layout, length and checksum.
+ */
 const readConfigDisk = async (file: string): Promise<Either.Either<GuestConfig, string>> => {
   let handle
   try {
@@ -62,16 +75,13 @@ const readConfigDisk = async (file: string): Promise<Either.Either<GuestConfig, 
     return Either.left(`cannot open the config disk ${file}: ${errorText(error)}`)
   }
   try {
-    const buffer = Buffer.alloc(CONFIG_DISK_HEADER + CONFIG_DISK_MAX_JSON)
-    let filled = 0
-    while (filled < buffer.length) {
-      const { bytesRead } = await handle.read(buffer, filled, buffer.length - filled, filled)
-      if (bytesRead === 0) break
-      filled += bytesRead
-    }
-    return Either.mapLeft(decodeConfigDisk(buffer.subarray(0, filled)), (problem) =>
-      describeConfigDiskProblem(problem)
-    )
+    const header = Buffer.alloc(CONFIG_DISK_HEADER)
+    const headerBytes = await readFully(handle, header, 0)
+    const named = headerBytes === CONFIG_DISK_HEADER ? header.readUInt32BE(12) : 0
+    const body = Buffer.alloc(Math.min(named, CONFIG_DISK_MAX_JSON + 1))
+    const bodyBytes = await readFully(handle, body, CONFIG_DISK_HEADER)
+    const disk = Buffer.concat([header.subarray(0, headerBytes), body.subarray(0, bodyBytes)])
+    return Either.mapLeft(decodeConfigDisk(disk), (problem) => describeConfigDiskProblem(problem))
   } catch (error) {
     return Either.left(`cannot read the config disk ${file}: ${errorText(error)}`)
   } finally {
@@ -210,7 +220,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     log(`cannot open the RPC channel ${flags.rpc}: ${errorText(error)}`)
     process.exit(GuestExit.NoRpc)
   }
-  const mux = new Mux(rpc.stream)
+  const mux = new Mux(rpc.stream, { receiveWindow: GUEST_RECEIVE_WINDOW })
   const fail = async (code: string, message: string, exit: number): Promise<never> => {
     log(message)
     await mux.sendControl({ type: "error", code, message }).catch(() => undefined)
