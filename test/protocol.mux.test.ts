@@ -4,9 +4,16 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "@effect/vitest"
 import * as fc from "fast-check"
-import { decodeCredit, encodeCredit, encodeFrame, FrameDecoder, FrameKind } from "../src/protocol/Frame.js"
+import {
+  decodeCredit,
+  encodeCredit,
+  encodeFrame,
+  FrameDecoder,
+  FrameKind,
+  MAX_FRAME_PAYLOAD
+} from "../src/protocol/Frame.js"
 import type { ControlMessage } from "../src/protocol/Messages.js"
-import { Mux, MuxError } from "../src/protocol/Mux.js"
+import { GUEST_RECEIVE_WINDOW, INITIAL_WINDOW, Mux, MuxError } from "../src/protocol/Mux.js"
 
 const dir = mkdtempSync(join(tmpdir(), "abox-mux-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
@@ -115,6 +122,53 @@ describe("Mux", () => {
     expect(got).toEqual(Buffer.concat([Buffer.alloc(600, 1), Buffer.alloc(600, 2), Buffer.alloc(10, 3)]))
     host.destroy()
     guest.destroy()
+  })
+
+  it("hello.window: the host's credit is the guest's advertised receive window; the host's own stays 256 KiB", async () => {
+    const [a, b] = await socketPair()
+    const host = new Mux(a)
+    const guest = new Mux(b, { receiveWindow: GUEST_RECEIVE_WINDOW })
+    expect(guest.receiveWindow).toBe(GUEST_RECEIVE_WINDOW)
+    expect(host.receiveWindow).toBe(INITIAL_WINDOW)
+    const helloSeen = new Promise<void>((resolve) => host.onControl((m) => m.type === "hello" && resolve()))
+    await guest.sendControl({
+      type: "hello",
+      protocol: 4,
+      arch: "x86_64",
+      build: "t",
+      window: GUEST_RECEIVE_WINDOW
+    })
+    await helloSeen
+    const errors: Array<MuxError> = []
+    host.onError((e) => errors.push(e))
+    guest.onError((e) => errors.push(e))
+    // nobody reads yet: the whole advertised window goes out without any CREDIT, one byte more waits
+    const ch = host.channel(2)
+    const guestEnd = guest.channel(2)
+    expect(ch.tryWrite(Buffer.alloc(MAX_FRAME_PAYLOAD, 1))).toBe(true)
+    await ch.write(Buffer.alloc(GUEST_RECEIVE_WINDOW - MAX_FRAME_PAYLOAD, 2))
+    expect(ch.tryWrite(Buffer.alloc(1, 3))).toBe(false)
+    const last = ch.write(Buffer.alloc(1, 3)).then(() => ch.end())
+    const got = await collect(guestEnd.readable)
+    await last
+    expect(got.length).toBe(GUEST_RECEIVE_WINDOW + 1)
+    // the other direction keeps v4's default: the guest may not send more than 256 KiB ahead
+    const back = guest.channel(3)
+    host.channel(3)
+    expect(back.tryWrite(Buffer.alloc(INITIAL_WINDOW, 4))).toBe(true)
+    expect(back.tryWrite(Buffer.alloc(1, 5))).toBe(false)
+    expect(errors).toEqual([])
+    host.destroy()
+    guest.destroy()
+  })
+
+  it("hello.window below 256 KiB is refused as an invalid control message", async () => {
+    const [a, b] = await socketPair()
+    const host = new Mux(a)
+    const error = nextError(host)
+    b.write(control({ type: "hello", protocol: 4, arch: "x86_64", build: "t", window: 4096 }))
+    expect((await error).reason).toMatch(/invalid control message/)
+    b.destroy()
   })
 
   it("flow-control invariant: a writer never has more than `window` bytes unacknowledged", async () => {

@@ -10,7 +10,7 @@
 import * as path from "node:path"
 import type { ControlMessage } from "../protocol/Messages.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
-import type { Mux } from "../protocol/Mux.js"
+import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
 import { extractTar } from "./extract.js"
 import type { TurnRunner } from "./turns.js"
@@ -18,7 +18,10 @@ import type { TurnRunner } from "./turns.js"
 /** where the host thinks the repository is; mapped onto --repo */
 export const GUEST_REPO_PATH = "/work/repo"
 
-export type AgentLink = Pick<Mux, "onControl" | "onError" | "onClose" | "sendControl" | "channel" | "close">
+export type AgentLink = Pick<
+  Mux,
+  "onControl" | "onError" | "onClose" | "sendControl" | "channel" | "close" | "receiveWindow"
+>
 
 export interface GuestAgentOptions {
   readonly link: AgentLink
@@ -95,7 +98,9 @@ export class GuestAgent {
       protocol: PROTOCOL_VERSION,
       arch: this.options.arch,
       build: this.options.build,
-      contextTurns: this.history.length
+      contextTurns: this.history.length,
+      // a window above v4's default lets the host keep a transfer's pipe full
+      ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {})
     })
     await link.sendControl({ type: "ready" })
     const end = await ended

@@ -25,7 +25,12 @@ export const Hello = msg("hello", {
   arch: Schema.String,
   build: Schema.String,
   /** turns remembered from /var/lib/abox/context.json */
-  contextTurns: Schema.optional(Schema.Number)
+  contextTurns: Schema.optional(Schema.Number),
+  /**
+   * the guest's receive window per channel (host → guest DATA), in bytes; absent: 256 KiB.
+   * Never below 256 KiB, so that a host may always send the v4 default.
+   */
+  window: Schema.optional(Schema.Int.pipe(Schema.between(256 * 1024, 0xffffffff)))
 })
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
@@ -40,7 +45,11 @@ export const TransferEnd = msg("transfer_end", {
   files: Schema.Number,
   bytes: Schema.Number
 })
-export const TunnelOpen = msg("tunnel_open", { channel: Schema.Number, host: Schema.String, port: Schema.Number })
+export const TunnelOpen = msg("tunnel_open", {
+  channel: Schema.Number,
+  host: Schema.String,
+  port: Schema.Number
+})
 
 // host → guest
 export const UserTurn = msg("user_turn", { turn: Schema.Number, text: Schema.String })

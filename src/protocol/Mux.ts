@@ -30,11 +30,20 @@ import { ControlMessage } from "./Messages.js"
 
 /** v4's window: the unacknowledged DATA bytes a sender may have in flight per channel. */
 export const INITIAL_WINDOW = 256 * 1024
+/**
+ * The guest's receive window (host → guest DATA), advertised in `hello.window`: a transfer keeps
+ * the pipe full across scheduling delays of both ends instead of waiting for CREDIT every 256 KiB.
+ */
+export const GUEST_RECEIVE_WINDOW = 4 * 1024 * 1024
 export const DEFAULT_MAX_CONTROL_QUEUE = 1024
 
 export interface MuxOptions {
-  /** both ends must agree; v4 fixes it at INITIAL_WINDOW (tests use smaller windows) */
+  /** both directions' window unless one is given below (tests use smaller windows) */
   readonly initialWindow?: number
+  /** the unread bytes this end accepts per channel (what it advertises; default initialWindow) */
+  readonly receiveWindow?: number
+  /** the peer's receive window: our initial credit per channel (default initialWindow) */
+  readonly sendWindow?: number
   /** control messages held (undelivered or being handled) before the stream is paused */
   readonly maxControlQueue?: number
 }
@@ -140,9 +149,12 @@ class Channel implements MuxChannel {
   constructor(
     readonly id: number,
     private readonly mux: Mux,
-    private readonly window: number
+    /** our receive window */
+    private readonly window: number,
+    /** the peer's receive window */
+    private readonly sendWindow: number
   ) {
-    this.sendCredit = window
+    this.sendCredit = sendWindow
     this.readable = { [Symbol.asyncIterator]: () => this.iterator() }
   }
 
@@ -170,7 +182,7 @@ class Channel implements MuxChannel {
   }
 
   onCredit(grant: number): MuxError | undefined {
-    if (this.sendCredit + grant > this.window) {
+    if (this.sendCredit + grant > this.sendWindow) {
       return new MuxError(`peer granted more credit than was sent on channel ${this.id}`)
     }
     this.sendCredit += grant
@@ -304,6 +316,7 @@ class Channel implements MuxChannel {
 export class Mux {
   private readonly decoder = new FrameDecoder({ streamData: true })
   private readonly window: number
+  private peerWindow: number
   private readonly maxControlQueue: number
   private readonly channels = new Map<number, Channel>()
   /** channels that are finished (both EOFs or destroyed): late frames for them are dropped */
@@ -323,10 +336,14 @@ export class Mux {
     private readonly stream: Duplex,
     options?: MuxOptions
   ) {
-    this.window = options?.initialWindow ?? INITIAL_WINDOW
+    const initial = options?.initialWindow ?? INITIAL_WINDOW
+    this.window = options?.receiveWindow ?? initial
+    this.peerWindow = options?.sendWindow ?? initial
     this.maxControlQueue = options?.maxControlQueue ?? DEFAULT_MAX_CONTROL_QUEUE
-    if (!Number.isInteger(this.window) || this.window < 1 || this.window > 0xffffffff) {
-      throw new MuxError(`initial window ${this.window} is not a positive u32`)
+    for (const window of [this.window, this.peerWindow]) {
+      if (!Number.isInteger(window) || window < 1 || window > 0xffffffff) {
+        throw new MuxError(`window ${window} is not a positive u32`)
+      }
     }
     stream.on("data", (chunk: Buffer) => this.onChunk(chunk))
     stream.on("end", () => this.onEnd())
@@ -358,6 +375,22 @@ export class Mux {
 
   get isClosed(): boolean {
     return this.closed
+  }
+
+  /** the unread bytes this end accepts per channel (advertised to the peer in `hello.window`) */
+  get receiveWindow(): number {
+    return this.window
+  }
+
+  /**
+   * The peer's receive window (from its `hello.window`): the initial credit of channels opened
+   * from now on. Set it before any channel exists; channels already open keep theirs.
+   */
+  setSendWindow(bytes: number): void {
+    if (!Number.isInteger(bytes) || bytes < 1 || bytes > 0xffffffff) {
+      throw new MuxError(`window ${bytes} is not a positive u32`)
+    }
+    this.peerWindow = bytes
   }
 
   /** the protocol violation that closed the mux, if any */
@@ -480,7 +513,7 @@ export class Mux {
   private open(id: number): Channel {
     let channel = this.channels.get(id)
     if (channel === undefined) {
-      channel = new Channel(id, this, this.window)
+      channel = new Channel(id, this, this.window, this.peerWindow)
       if (this.closed || this.ending) channel.fail(this.error ?? new MuxError("mux closed"))
       this.retired.delete(id)
       this.channels.set(id, channel)
@@ -499,6 +532,10 @@ export class Mux {
 
   private noteIncoming(message: ControlMessage): MuxError | undefined {
     switch (message.type) {
+      case "hello":
+        // the guest's receive window: our credit on the channels opened from now on
+        if (message.window !== undefined) this.peerWindow = message.window
+        return undefined
       case "transfer_begin":
       case "tunnel_open": {
         const id = message.channel
