@@ -130,7 +130,11 @@ describe("Mux", () => {
     const guest = new Mux(b, { receiveWindow: GUEST_RECEIVE_WINDOW })
     expect(guest.receiveWindow).toBe(GUEST_RECEIVE_WINDOW)
     expect(host.receiveWindow).toBe(INITIAL_WINDOW)
-    const helloSeen = new Promise<void>((resolve) => host.onControl((m) => m.type === "hello" && resolve()))
+    const helloSeen = new Promise<void>((resolve) =>
+      host.onControl((m) => {
+        if (m.type === "hello") resolve()
+      })
+    )
     await guest.sendControl({
       type: "hello",
       protocol: 4,
