@@ -10,6 +10,7 @@ import {
   buildCli,
   cliBundle,
   fileChecksums,
+  firstExits,
   removeTempHomes,
   runCli,
   startCli as startBundle,
@@ -73,8 +74,8 @@ describe("abox run / resume (built CLI, fake backend)", () => {
     const first = runCli(home, ["run", "--json", source, "--", "true"], fake)
     const id = (JSON.parse(first.stdout.split("\n")[0]!) as { session: string }).session
 
-    // a holder that has booted: the others must not touch a single file of the session
-    const holder = startCli(home, ["resume", id, "--", "echo booted; sleep 4"])
+    // a holder that has booted keeps the session until the others are done (then SIGTERM)
+    const holder = startCli(home, ["resume", id, "--", "echo booted; sleep 300"])
     await holder.sees("booted")
     const before = sessionFiles(home, id)
     const losers = await Promise.all(
@@ -85,15 +86,19 @@ describe("abox run / resume (built CLI, fake backend)", () => {
       expect(JSON.parse(loser.stdout)).toMatchObject({ error: { _tag: "SessionBusy", sessionId: id } })
     }
     expect(sessionFiles(home, id)).toEqual(before)
-    expect((await holder.exited).code).toBe(0)
+    holder.child.kill("SIGTERM")
+    expect((await holder.exited).code).toBe(143)
 
-    // and a real race: ten at once, one winner
-    const racers = await Promise.all(
-      Array.from({ length: 10 }, () => startCli(home, ["resume", id, "--", "sleep 1"]).exited)
+    // a real race: ten at once; nine lose while the winner still holds the session
+    const racers = Array.from({ length: 10 }, () =>
+      startCli(home, ["resume", id, "--", "echo won; sleep 300"])
     )
-    const codes = racers.map((r) => r.code).sort()
-    expect(codes.filter((c) => c === 0)).toHaveLength(1)
-    expect(codes.filter((c) => c === 75)).toHaveLength(9)
+    const outcomes = await firstExits(racers, 9)
+    expect(outcomes.map((o) => o.code)).toEqual(Array(9).fill(75))
+    const winner = racers.find((r) => !outcomes.some((o) => o.racer === r))!
+    await winner.sees("won")
+    winner.child.kill("SIGTERM")
+    expect((await winner.exited).code).toBe(143)
   })
 
   it("SIGTERM during a turn: the one close path, exit 143, the close recorded, no process left", async () => {

@@ -128,3 +128,18 @@ export const fileChecksums = (dir: string, skip: ReadonlyArray<string> = []) =>
           .digest("hex")
       ])
   )
+
+/** the first `n` of `racers` to exit, each with its exit */
+export const firstExits = <R extends { readonly exited: Promise<CliExit> }>(
+  racers: ReadonlyArray<R>,
+  n: number
+) =>
+  new Promise<Array<{ readonly racer: R; readonly code: number | null }>>((resolve) => {
+    const done: Array<{ readonly racer: R; readonly code: number | null }> = []
+    for (const racer of racers) {
+      void racer.exited.then((exit) => {
+        done.push({ racer, code: exit.code })
+        if (done.length === n) resolve(done)
+      })
+    }
+  })

@@ -8,7 +8,7 @@ import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { fileChecksums, startCli as startBundle } from "./cliHelpers.js"
+import { fileChecksums, firstExits, startCli as startBundle } from "./cliHelpers.js"
 import { ensureTestImage, processesMentioning, repoRoot, testHome, vmSkipReason } from "./e2e-vm-image.js"
 
 const skip = vmSkipReason()
@@ -86,7 +86,8 @@ describe.skipIf(skip !== undefined)("abox CLI on a real VM", () => {
 
   it("10 concurrent resumes: one boots, nine fail SessionBusy quickly, nothing of the session changes", async () => {
     const id = newSession()
-    const holder = startCli(["resume", id, "--", "echo booted; sleep 3"])
+    // the holder keeps the session until the others are done (then it is closed by SIGTERM)
+    const holder = startCli(["resume", id, "--", "echo booted; sleep 300"])
     await holder.sees("booted")
     const before = sessionFiles(id)
     const started = Date.now()
@@ -99,13 +100,17 @@ describe.skipIf(skip !== undefined)("abox CLI on a real VM", () => {
       expect(loser.at - started).toBeLessThan(15_000)
     }
     expect(sessionFiles(id)).toEqual(before)
-    expect((await holder.exited).code).toBe(0)
+    holder.child.kill("SIGTERM")
+    expect((await holder.exited).code).toBe(143)
 
-    const racers = await Promise.all(
-      Array.from({ length: 10 }, () => startCli(["resume", id, "--", "true"]).exited)
-    )
-    expect(racers.map((r) => r.code).filter((c) => c === 0)).toHaveLength(1)
-    expect(racers.map((r) => r.code).filter((c) => c === 75)).toHaveLength(9)
+    // a real race: ten at once; nine lose while the winner still holds the session
+    const racers = Array.from({ length: 10 }, () => startCli(["resume", id, "--", "echo won; sleep 300"]))
+    const outcomes = await firstExits(racers, 9)
+    expect(outcomes.map((o) => o.code)).toEqual(Array(9).fill(75))
+    const winner = racers.find((r) => !outcomes.some((o) => o.racer === r))!
+    await winner.sees("won")
+    winner.child.kill("SIGTERM")
+    expect((await winner.exited).code).toBe(143)
   })
 
   it("SIGTERM during a turn: a clean close (graceful), exit 143, no process left", async () => {
