@@ -215,11 +215,35 @@ export const extractTar = async (
     const handle = await create(target, entry)
     try {
       const sink = new FileSink(handle)
-      for await (const chunk of entry as AsyncIterable<Buffer>) {
-        bytes += chunk.length
-        // the parser waits while this file has WRITE_AHEAD bytes queued
-        if (!sink.push(chunk)) await sink.belowHalf()
-      }
+      // the entry flows into the sink as the Parser writes it (no promise per chunk); while
+      // WRITE_AHEAD bytes are queued it is paused, which holds the Parser and so the channel
+      await new Promise<void>((resolve, reject) => {
+        let failed = false
+        const fail = (error: unknown) => {
+          failed = true
+          reject(error)
+        }
+        entry.once("end", () => resolve())
+        entry.once("error", fail)
+        entry.on("data", (chunk: Buffer) => {
+          // after a failure the caller resumes the entry to skip its bytes: they are dropped
+          if (failed) return
+          bytes += chunk.length
+          let more: boolean
+          try {
+            more = sink.push(chunk)
+          } catch (error) {
+            fail(error)
+            return
+          }
+          if (!more) {
+            entry.pause()
+            sink.belowHalf().then(() => {
+              if (!failed) entry.resume()
+            }, fail)
+          }
+        })
+      })
       await sink.drained()
       const { uid, gid } = options.owner ?? {}
       await Promise.all([
