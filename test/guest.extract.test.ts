@@ -7,7 +7,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import * as fc from "fast-check"
-import { ExtractError, extractTar, safeComponents } from "../src/guest/extract.js"
+import { ExtractError, extractTar, safeComponents, WRITE_AHEAD } from "../src/guest/extract.js"
 import { chunked, fakeTar, type FakeTarEntry } from "./support/fakeTar.js"
 
 const isRoot = typeof process.getuid === "function" && process.getuid() === 0
@@ -185,6 +185,41 @@ describe("guest tar extraction", () => {
         expect(resolved === "/repo" || resolved.startsWith("/repo/")).toBe(true)
       }),
       { numRuns: 500 }
+    )
+  })
+
+  it("property: content survives any chunking (unaligned, tiny, several write batches per file)", async () => {
+    // bigger than WRITE_AHEAD, so that a file is written in several batches and its entry pauses
+    const big = Buffer.alloc(WRITE_AHEAD * 2 + 777)
+    for (let i = 0; i < big.length; i++) big[i] = (i * 7 + (i >> 11)) & 0xff
+    const archive = fakeTar([
+      { path: "d/", type: "5" },
+      { path: "d/big.bin", data: big },
+      { path: "d/small.txt", data: "s".repeat(513) },
+      { path: "empty", data: "" }
+    ])
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(fc.integer({ min: 1, max: 200_000 }), { minLength: 1, maxLength: 20 }),
+        async (sizes) => {
+          const box = sandbox()
+          async function* pieces() {
+            let offset = 0
+            for (let k = 0; offset < archive.length; k++) {
+              const size = sizes[k % sizes.length]!
+              yield archive.subarray(offset, offset + size)
+              offset += size
+            }
+          }
+          const result = await extractTar(pieces(), box.repo)
+          expect(result).toEqual({ files: 3, bytes: big.length + 513, skipped: 0 })
+          expect(fs.readFileSync(path.join(box.repo, "d", "big.bin")).equals(big)).toBe(true)
+          expect(fs.readFileSync(path.join(box.repo, "d", "small.txt"), "utf8")).toBe("s".repeat(513))
+          expect(fs.statSync(path.join(box.repo, "empty")).size).toBe(0)
+          fs.rmSync(box.root, { recursive: true, force: true })
+        }
+      ),
+      { numRuns: 15 }
     )
   })
 
