@@ -21,7 +21,9 @@
  * (no entry may replace one), so it is not lstat'ed again; a file is created with O_EXCL first
  * and the existing path is only examined when that fails; file content goes out in batched
  * writev calls with a bounded amount in flight (WRITE_AHEAD), so receiving, parsing and writing
- * overlap; the Parser gets 512-byte aligned chunks so that it never concatenates buffers.
+ * overlap; a file whose bytes are all queued is finished (writes, metadata, close) while the next
+ * entries go on (at most MAX_FINISHING such files); the Parser gets 512-byte aligned chunks so
+ * that it never concatenates buffers.
  */
 import { constants as fsConstants } from "node:fs"
 import * as fs from "node:fs/promises"
@@ -75,6 +77,8 @@ const permissions = (mode: number | undefined, fallback: number): number =>
 
 /** file bytes queued or being written per file before the parser (and so the channel) waits */
 export const WRITE_AHEAD = 1024 * 1024
+/** files being finished (last writes, metadata, close) while the next entries go on */
+const MAX_FINISHING = 4
 const BLOCK = 512
 
 /**
@@ -211,8 +215,16 @@ export const extractTar = async (
     return fs.open(target, flags, 0o600)
   }
 
+  /**
+   * Files whose bytes have all been received and that are still being written, set to their
+   * metadata and closed: the next entries go on meanwhile (their checks do not depend on it;
+   * a hard link to such a file links its inode, which exists from its creation).
+   */
+  const finishing = new Set<Promise<void>>()
+
   const writeFile = async (target: string, entry: ReadEntry) => {
     const handle = await create(target, entry)
+    let closeHere = true
     try {
       const sink = new FileSink(handle)
       // the entry flows into the sink as the Parser writes it (no promise per chunk); while
@@ -244,15 +256,31 @@ export const extractTar = async (
           }
         })
       })
-      await sink.drained()
       const { uid, gid } = options.owner ?? {}
-      await Promise.all([
-        handle.chmod(permissions(entry.mode, 0o644)),
-        uid === undefined || gid === undefined ? undefined : handle.chown(uid, gid),
-        entry.mtime === undefined ? undefined : handle.utimes(entry.mtime, entry.mtime)
-      ])
+      const mode = permissions(entry.mode, 0o644)
+      const mtime = entry.mtime
+      closeHere = false
+      const done: Promise<void> = (async () => {
+        try {
+          await sink.drained()
+          await Promise.all([
+            handle.chmod(mode),
+            uid === undefined || gid === undefined ? undefined : handle.chown(uid, gid),
+            mtime === undefined ? undefined : handle.utimes(mtime, mtime)
+          ])
+        } finally {
+          await handle.close()
+        }
+      })()
+        .catch((error: unknown) => {
+          failure ??= error
+        })
+        .finally(() => finishing.delete(done))
+      finishing.add(done)
+      // bounded: at most MAX_FINISHING files (and their queued bytes) in the background
+      while (finishing.size >= MAX_FINISHING) await Promise.race(finishing)
     } finally {
-      await handle.close()
+      if (closeHere) await handle.close()
     }
   }
 
@@ -390,6 +418,7 @@ export const extractTar = async (
     parser.abort(new Error("extraction stopped"))
   }
   await chain
+  while (finishing.size > 0) await Promise.all(finishing)
   if (failure !== undefined) {
     throw failure instanceof ExtractError
       ? failure
