@@ -382,17 +382,6 @@ export class Mux {
     return this.window
   }
 
-  /**
-   * The peer's receive window (from its `hello.window`): the initial credit of channels opened
-   * from now on. Set it before any channel exists; channels already open keep theirs.
-   */
-  setSendWindow(bytes: number): void {
-    if (!Number.isInteger(bytes) || bytes < 1 || bytes > 0xffffffff) {
-      throw new MuxError(`window ${bytes} is not a positive u32`)
-    }
-    this.peerWindow = bytes
-  }
-
   /** the protocol violation that closed the mux, if any */
   get failure(): MuxError | undefined {
     return this.error
