@@ -1,7 +1,8 @@
 #!/bin/sh
-# Builds the `full` golden image: a Debian minbase root (debootstrap) with git, curl and
-# ca-certificates, the official Node runtime (npm package node-linux-<arch>) and the guest
-# agent; kernel and initrd as in build-small.sh (Debian cloud kernel + busybox initrd).
+# Builds the `full` golden image: a Debian minbase root (debootstrap) with git, curl,
+# ca-certificates and socat (the agent's bridge to vsock under vfkit), the official Node runtime (npm package node-linux-<arch>) and the guest
+# agent; kernel and initrd as in build-small.sh (Debian cloud kernel + busybox initrd, and for
+# aarch64 the uncompressed kernel `Image`).
 # Needs: debootstrap (apt-get install debootstrap) and a reachable Debian mirror.
 #
 # usage: build-full.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
@@ -39,7 +40,7 @@ KVER=$(sed -n 's/.*"kernel":"\([^"]*\)".*/\1/p' "$OUT/build.json")
 WORK=$(mktemp -d "$OUT/.full.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 R="$WORK/rootfs"
-debootstrap --variant=minbase --arch="$DEB_ARCH" --include=git,curl,ca-certificates,passwd \
+debootstrap --variant=minbase --arch="$DEB_ARCH" --include=git,curl,ca-certificates,passwd,socat \
   --cache-dir="$(mkdir -p "$CACHE/debootstrap-$DEB_ARCH" && cd "$CACHE/debootstrap-$DEB_ARCH" && pwd)" \
   "$SUITE" "$R" "$MIRROR" >&2
 NODE_TGZ="$CACHE/npm/$NODE_PKG-$NODE_VERSION.tgz"

@@ -1,7 +1,12 @@
 #!/bin/sh
 # Builds the `small` golden image: Debian cloud kernel + a busybox initrd that loads the virtio
-# modules and switches to an ext4 root holding busybox, an official Node runtime (npm package
-# node-linux-<arch>) with its glibc libraries (Debian packages), and the guest-agent bundle.
+# (and vsock) modules and switches to an ext4 root holding busybox, an official Node runtime (npm
+# package node-linux-<arch>) with its glibc libraries (Debian packages), and the guest-agent bundle.
+#
+# aarch64 (the macOS/vfkit guest) also gets what Virtualization.framework needs: the uncompressed
+# kernel `Image` beside `vmlinuz` (it cannot boot a compressed one), and `socat` with its shared
+# libraries (Debian's arm64 packages): there the agent's RPC channel is vsock port 1024, which
+# node cannot open itself (no AF_VSOCK), so it bridges through socat (src/guest/rpcPort.ts).
 #
 # Inputs come from Debian packages (apt-get download) and the npm registry (npm pack) only.
 # Downloads are cached in $CACHE so rebuilds do not fetch again.
@@ -13,7 +18,7 @@
 #
 # usage: build-small.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
 #                       [--snapshot-entry FILE] [--node VERSION]
-# writes DIR/vmlinuz DIR/initrd.gz DIR/root.raw DIR/build.json
+# writes DIR/vmlinuz DIR/initrd.gz DIR/root.raw DIR/build.json (+ DIR/Image for aarch64)
 set -eu
 
 ARCH=x86_64
@@ -76,6 +81,14 @@ BBDEB=$(fetch_deb busybox-static)
 LIBC=$(fetch_deb libc6)
 LIBSTDCXX=$(fetch_deb libstdc++6)
 LIBGCC=$(fetch_deb libgcc-s1)
+# socat for the vsock RPC channel (aarch64): the package and the libraries its binary, libwrap and
+# libssl need, transitively (Debian 12: libwrap0 -> libnsl2 -> libtirpc3 -> libgssapi-krb5-2 -> krb5)
+SOCAT_PKGS=
+if [ "$ARCH" = aarch64 ]; then
+  SOCAT_PKGS="socat libssl3 libwrap0 libnsl2 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1"
+fi
+SOCAT_DEBS=
+for pkg in $SOCAT_PKGS; do SOCAT_DEBS="$SOCAT_DEBS $(fetch_deb "$pkg")"; done
 
 NODE_TGZ="$CACHE/npm/$NODE_PKG-$NODE_VERSION.tgz"
 if [ ! -f "$NODE_TGZ" ]; then
@@ -86,6 +99,7 @@ fi
 dpkg-deb -x "$KDEB" "$WORK/kernel"
 dpkg-deb -x "$BBDEB" "$WORK/busybox"
 for deb in "$LIBC" "$LIBSTDCXX" "$LIBGCC"; do dpkg-deb -x "$deb" "$WORK/libs"; done
+for deb in $SOCAT_DEBS; do dpkg-deb -x "$deb" "$WORK/socat"; done
 mkdir -p "$WORK/node" && tar -xzf "$NODE_TGZ" -C "$WORK/node" package/bin/node
 BUSYBOX="$WORK/busybox/bin/busybox"
 # applet names: the host's busybox-static is the same Debian version; its list serves every arch
@@ -102,7 +116,8 @@ I="$WORK/initrd"
 install_busybox "$I"
 mkdir -p "$I/proc" "$I/sys" "$I/dev" "$I/newroot" "$I/lib/modules"
 MODDIR="$WORK/kernel/lib/modules/$KVER/kernel"
-MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_mmio virtio_blk virtio_console"
+# dependency order; the vsock transport (the RPC channel under vfkit) after the virtio core
+MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_mmio virtio_blk virtio_console vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport"
 for m in $MODULES; do
   ko=$(find "$MODDIR" -name "$m.ko" | head -n1)
   if [ -n "$ko" ]; then cp "$ko" "$I/lib/modules/"; fi
@@ -111,6 +126,20 @@ sed "s/@MODULES@/$MODULES/" "$HERE/initrd-init.sh" >"$I/init"
 chmod 0755 "$I/init"
 (cd "$I" && find . | sort | cpio -o -H newc --quiet | gzip -9) >"$OUT/initrd.gz"
 cp "$WORK/kernel/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
+# Virtualization.framework boots only an uncompressed arm64 kernel: ship one as `Image`. Debian 12's
+# arm64 vmlinuz already is one (then `Image` is a hard link: no second copy); a gzipped one is
+# decompressed here, once, rather than by abox at a session's start.
+if [ "$ARCH" = aarch64 ]; then
+  rm -f "$OUT/Image"
+  if [ "$(od -An -tx1 -N2 "$OUT/vmlinuz" | tr -d ' ')" = 1f8b ]; then
+    gzip -dc "$OUT/vmlinuz" >"$OUT/Image"
+  else
+    ln "$OUT/vmlinuz" "$OUT/Image" 2>/dev/null || cp "$OUT/vmlinuz" "$OUT/Image"
+  fi
+  # an arm64 Image carries the magic "ARM\x64" at offset 56 (Documentation/arm64/booting.rst)
+  [ "$(dd if="$OUT/Image" bs=1 skip=56 count=4 2>/dev/null | od -An -tx1 | tr -d ' ')" = 41524d64 ] ||
+    { echo "build-small: $OUT/Image is not an arm64 kernel Image" >&2; exit 65; }
+fi
 
 # ---- root tree ----
 R="$WORK/rootfs"
@@ -126,6 +155,22 @@ cp -L "$(find "$WORK/libs" -name 'libstdc++.so.6' | head -n1)" "$R/lib/$LIB_TRIP
 cp -L "$(find "$WORK/libs" -name 'libgcc_s.so.1' | head -n1)" "$R/lib/$LIB_TRIPLE/libgcc_s.so.1"
 if [ "$ARCH" = x86_64 ]; then ln -s "../lib/$LIB_TRIPLE/$LD_NAME" "$R/lib64/$LD_NAME"; else ln -s "$LIB_TRIPLE/$LD_NAME" "$R/lib/$LD_NAME"; fi
 cp "$WORK/node/package/bin/node" "$R/usr/local/bin/node"
+if [ -n "$SOCAT_PKGS" ]; then
+  cp "$WORK/socat/usr/bin/socat" "$R/usr/bin/socat"
+  for dir in "$WORK/socat/lib/$LIB_TRIPLE" "$WORK/socat/usr/lib/$LIB_TRIPLE"; do
+    [ -d "$dir" ] || continue
+    # symbolic links kept as they are (relative, same directory): no library twice
+    find "$dir" -maxdepth 1 -name '*.so.*' | while read -r lib; do cp -a "$lib" "$R/lib/$LIB_TRIPLE/"; done
+  done
+  # every library socat needs, transitively, is in the root (checked here, not at the first vfkit boot)
+  if command -v readelf >/dev/null; then
+    missing=$(for f in "$R/usr/bin/socat" "$R/lib/$LIB_TRIPLE/"*.so*; do readelf -d "$f" 2>/dev/null; done |
+      sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort -u | while read -r need; do
+        [ -e "$R/lib/$LIB_TRIPLE/$need" ] || echo "$need"
+      done)
+    [ -z "$missing" ] || { echo "build-small: socat needs libraries not in the root: $missing" >&2; exit 69; }
+  fi
+fi
 ln -s ../local/bin/node "$R/usr/bin/node"
 cp "$AGENT" "$R/opt/abox/abox-guest.js"
 # the agent's startup snapshot is built by the image's first boot (see agent-snapshot.sh):
@@ -162,7 +207,9 @@ truncate -s "$ROOT_SIZE" "$OUT/root.raw"
 mkfs.ext4 -q -F -L abox-root -E root_owner=0:0 -d "$R" "$OUT/root.raw"
 
 NODE_REPORTED=$NODE_VERSION
+SOCAT_VERSION=
+for deb in $SOCAT_DEBS; do case "$(basename "$deb")" in socat_*) SOCAT_VERSION=$(dpkg-deb -f "$deb" Version) ;; esac; done
 cat >"$OUT/build.json" <<EOF
-{"variant":"small","arch":"$ARCH","kernel":"$KVER","node":"$NODE_REPORTED","agentStart":"$AGENT_START","busybox":"$(dpkg-deb -f "$BBDEB" Version)"}
+{"variant":"small","arch":"$ARCH","kernel":"$KVER","node":"$NODE_REPORTED","agentStart":"$AGENT_START","busybox":"$(dpkg-deb -f "$BBDEB" Version)","socat":"$SOCAT_VERSION"}
 EOF
 echo "build-small: done" >&2

@@ -1,5 +1,8 @@
 #!/bin/sh
 # initrd /init: load the virtio modules (dependency order), mount the ext4 root, switch to it.
+# The list ends with the vsock transport (vsock, vmw_vsock_virtio_transport_common,
+# vmw_vsock_virtio_transport): the RPC channel under vfkit, where there is no virtio-serial port.
+# A module that is not in the initrd (built in, or absent from this kernel) is skipped.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
