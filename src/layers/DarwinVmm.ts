@@ -102,6 +102,8 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
         Effect.mapError((error) => vmmError("socket_path", error.message))
       )
       yield* Effect.sync(() => fs.rmSync(restSocket, { force: true }))
+      // the image's shipped uncompressed `Image` beside vmlinuz; an older image's vmlinuz is
+      // decompressed once (Virtualization.framework boots no gzipped kernel)
       const kernel = yield* uncompressedKernel(spec.kernel, spec.sessionDir).pipe(
         Effect.mapError((error) => vmmError("kernel", error.message))
       )

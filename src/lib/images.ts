@@ -19,9 +19,13 @@ import { cloneDisk } from "./disk.js"
 /**
  * The image registry: `$ABOX_HOME/images/<name>/<digest>/{vmlinuz,initrd.gz,root.raw,image.json}`,
  * content-addressed, plus `$ABOX_HOME/images/default.json` naming the default `{name, digest}`.
+ * An aarch64 image also holds `Image`, its kernel uncompressed (Virtualization.framework boots no
+ * other kind), recorded as `files.kernelImage`.
  */
 export const IMAGE_FORMAT = 1
 export const IMAGE_FILES = { kernel: "vmlinuz", initrd: "initrd.gz", root: "root.raw" } as const
+/** the uncompressed kernel beside `vmlinuz` (aarch64 images; read by the vz backend) */
+export const KERNEL_IMAGE_FILE = "Image"
 
 const Sha256 = Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/))
 
@@ -53,7 +57,16 @@ export const ImageJson = Schema.Struct({
   ...ImageIdentityFields.fields,
   digest: Sha256,
   created: Schema.String,
-  files: Schema.Struct({ kernel: ImageFile, initrd: ImageFile, root: ImageFile }),
+  files: Schema.Struct({
+    kernel: ImageFile,
+    initrd: ImageFile,
+    root: ImageFile,
+    /**
+     * `vmlinuz` uncompressed, when the recipe ships it (aarch64): not part of the digest, which
+     * `vmlinuz` already determines; images built before it existed have none
+     */
+    kernelImage: Schema.optional(ImageFile)
+  }),
   agentStart: Schema.optional(AgentStart)
 })
 export type ImageJson = typeof ImageJson.Type
@@ -262,6 +275,13 @@ export const registerImage = Effect.fn("images.register")(function* (
     [hashOf(IMAGE_FILES.kernel), hashOf(IMAGE_FILES.initrd), hashOf(IMAGE_FILES.root)],
     { concurrency: 3 }
   )
+  const shipsKernelImage = yield* io(KERNEL_IMAGE_FILE, "stat", () =>
+    fs.stat(path.join(staging, KERNEL_IMAGE_FILE)).then(
+      () => true,
+      () => false
+    )
+  )
+  const kernelImage = shipsKernelImage ? yield* hashOf(KERNEL_IMAGE_FILE) : undefined
   const digest = imageDigest(identity, { kernel: kernel.sha256, initrd: initrd.sha256, root: root.sha256 })
   const meta: ImageJson = {
     format: IMAGE_FORMAT,
@@ -271,12 +291,24 @@ export const registerImage = Effect.fn("images.register")(function* (
     files: {
       kernel: { file: IMAGE_FILES.kernel, sha256: kernel.sha256, size: kernel.stat.size },
       initrd: { file: IMAGE_FILES.initrd, sha256: initrd.sha256, size: initrd.stat.size },
-      root: { file: IMAGE_FILES.root, sha256: root.sha256, size: root.stat.size }
+      root: { file: IMAGE_FILES.root, sha256: root.sha256, size: root.stat.size },
+      ...(kernelImage === undefined
+        ? {}
+        : {
+            kernelImage: {
+              file: KERNEL_IMAGE_FILE,
+              sha256: kernelImage.sha256,
+              size: kernelImage.stat.size
+            }
+          })
     },
     ...(options.agentStart === undefined ? {} : { agentStart: options.agentStart })
   }
   // golden files are read-only: sessions clone them, nothing writes them
-  for (const file of Object.values(IMAGE_FILES)) {
+  for (const file of [
+    ...Object.values(IMAGE_FILES),
+    ...(kernelImage === undefined ? [] : [KERNEL_IMAGE_FILE])
+  ]) {
     yield* io(file, "chmod", () => fs.chmod(path.join(staging, file), 0o444))
   }
   yield* writeJsonAtomic(path.join(staging, "image.json"), ImageJson, meta, 0o444).pipe(

@@ -11,7 +11,7 @@ import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
 // Raw node:http / node:fs / node:zlib: the REST client runs inside the abox-vmm helper (a small
 // bundle on every VM's start-up path), talking HTTP/1.1 over a unix socket; the kernel is
-// decompressed once, synchronously, before the VMM starts.
+// chosen (and, for an old image, decompressed once) synchronously, before the VMM starts.
 import * as fs from "node:fs"
 import * as http from "node:http"
 import * as path from "node:path"
@@ -137,17 +137,29 @@ const isGzip = (file: string): boolean => {
 }
 
 /**
+ * The uncompressed kernel an aarch64 image ships beside `vmlinuz` (images/build-small.sh; the
+ * registry records it as `files.kernelImage`, `KERNEL_IMAGE_FILE` in src/lib/images.ts)
+ */
+export const SHIPPED_KERNEL_IMAGE = "Image"
+
+/**
  * Virtualization.framework boots only an uncompressed arm64 `Image` ("the kernel must be
- * uncompressed or the VM will hang", vfkit's usage.md); Debian ships `vmlinuz` gzipped. A gzipped
- * kernel is decompressed once into `<kernel>.Image` next to it (atomically: temp file, rename),
- * or into `fallbackDir` when the image directory is not writable; an uncompressed one is used
- * as it is.
+ * uncompressed or the VM will hang", vfkit's usage.md). In order:
+ * - the image's own uncompressed `Image` beside `kernel` (shipped by the image build);
+ * - an uncompressed `kernel`, as it is (Debian 12's arm64 vmlinuz is one; other kernels are
+ *   gzipped);
+ * - otherwise (images built before `Image` was shipped) the gzipped kernel is decompressed once
+ *   into `<kernel>.Image` next to it (atomically: temp file, rename), or into `fallbackDir` when
+ *   the image directory is not writable.
  */
 export const uncompressedKernel = (kernel: string, fallbackDir: string) =>
   Effect.try({
     try: () => {
+      const stat = fs.statSync(kernel) // the image's kernel must be there, whichever file boots
+      const shipped = path.join(path.dirname(kernel), SHIPPED_KERNEL_IMAGE)
+      if (fs.statSync(shipped, { throwIfNoEntry: false })?.isFile() === true && !isGzip(shipped))
+        return shipped
       if (!isGzip(kernel)) return kernel
-      const stat = fs.statSync(kernel)
       const candidates = [`${kernel}.Image`, path.join(fallbackDir, "kernel.Image")]
       for (const target of candidates) {
         const existing = fs.statSync(target, { throwIfNoEntry: false })
