@@ -3,36 +3,34 @@
  * the step display, turns streamed at the prompt, Ctrl-C cancelling the running turn (not the
  * session), /exit closing, and transcript.json on the host.
  */
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { describe, expect, it } from "@effect/vitest"
 import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { buildCli, cliBundle, removeTempHomes, tempHome } from "./cliHelpers.js"
+import { cliBundle, tempHome, withCliAndSource } from "./cliHelpers.js"
 
 const hasScript = spawnSync("script", ["--version"]).status === 0
 if (!hasScript) console.warn("util-linux `script` is missing: the interactive test is skipped")
 
-let source = ""
-beforeAll(async () => {
-  await buildCli()
-  source = tempHome()
-  fs.writeFileSync(path.join(source, "README.md"), "hello\n")
-}, 120_000)
-afterAll(() => removeTempHomes())
+const sourceDir = withCliAndSource()
 
 describe.skipIf(!hasScript)("abox open (interactive, on a terminal)", () => {
   it("turns at the prompt, Ctrl-C cancels the running turn, /exit closes; transcript.json kept", async () => {
     const home = tempHome()
-    const child = spawn("script", ["-qfec", `${process.execPath} ${cliBundle} open ${source}`, "/dev/null"], {
-      env: {
-        PATH: process.env.PATH ?? "",
-        HOME: path.join(home, "user"),
-        ABOX_HOME: home,
-        ABOX_VMM: "fake",
-        TERM: "dumb"
-      },
-      stdio: ["pipe", "pipe", "pipe"]
-    })
+    const child = spawn(
+      "script",
+      ["-qfec", `${process.execPath} ${cliBundle} open ${sourceDir()}`, "/dev/null"],
+      {
+        env: {
+          PATH: process.env.PATH ?? "",
+          HOME: path.join(home, "user"),
+          ABOX_HOME: home,
+          ABOX_VMM: "fake",
+          TERM: "dumb"
+        },
+        stdio: ["pipe", "pipe", "pipe"]
+      }
+    )
     let screen = ""
     const waiters: Array<{ text: string; count: number; resolve: () => void }> = []
     const occurrences = (text: string) => screen.split(text).length - 1

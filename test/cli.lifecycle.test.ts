@@ -3,29 +3,21 @@
  * process): run/resume, exit statuses, JSON lines, concurrent resumes, and SIGTERM mid-turn.
  * The same paths on a real VM are in test/e2e-cli.test.ts.
  */
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { describe, expect, it } from "@effect/vitest"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import {
-  buildCli,
   cliBundle,
   fileChecksums,
   firstExits,
-  removeTempHomes,
   runCli,
   startCli as startBundle,
-  tempHome
+  tempHome,
+  withCliAndSource
 } from "./cliHelpers.js"
 
 const fake = { ABOX_VMM: "fake" }
-let source = ""
-
-beforeAll(async () => {
-  await buildCli()
-  source = tempHome()
-  fs.writeFileSync(path.join(source, "README.md"), "hello\n")
-}, 120_000)
-afterAll(() => removeTempHomes())
+const sourceDir = withCliAndSource()
 
 const sessionFiles = (home: string, id: string) => fileChecksums(path.join(home, "sessions", id))
 
@@ -52,7 +44,7 @@ describe("abox run / resume (built CLI, fake backend)", () => {
     const home = tempHome()
     const r = runCli(
       home,
-      ["run", "--json", source, "--", "echo", "out;", "echo", "written", ">", "f.txt;", "exit", "3"],
+      ["run", "--json", sourceDir(), "--", "echo", "out;", "echo", "written", ">", "f.txt;", "exit", "3"],
       fake
     )
     expect(r.code).toBe(3)
@@ -71,7 +63,7 @@ describe("abox run / resume (built CLI, fake backend)", () => {
 
   it("10 concurrent resumes: exactly one boots, the others fail SessionBusy fast and change nothing", async () => {
     const home = tempHome()
-    const first = runCli(home, ["run", "--json", source, "--", "true"], fake)
+    const first = runCli(home, ["run", "--json", sourceDir(), "--", "true"], fake)
     const id = (JSON.parse(first.stdout.split("\n")[0]!) as { session: string }).session
 
     // a holder that has booted keeps the session until the others are done (then SIGTERM)
@@ -103,7 +95,7 @@ describe("abox run / resume (built CLI, fake backend)", () => {
 
   it("SIGTERM during a turn: the one close path, exit 143, the close recorded, no process left", async () => {
     const home = tempHome()
-    const run = startCli(home, ["run", source, "--", "echo started; sleep 60"])
+    const run = startCli(home, ["run", sourceDir(), "--", "echo started; sleep 60"])
     await run.sees("started")
     const signalled = Date.now()
     run.child.kill("SIGTERM")

@@ -2,26 +2,19 @@
  * `abox gc`, `abox logs` and `abox doctor` through the built CLI, with real processes and a
  * real lock: gc cleans only what a crash leaves (never a session, never a running one's files).
  */
-import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { describe, expect, it } from "@effect/vitest"
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { buildCli, cliBundle, removeTempHomes, runCli, startCli, tempHome } from "./cliHelpers.js"
+import { cliBundle, runCli, startCli, tempHome, withCliAndSource } from "./cliHelpers.js"
 
 const fake = { ABOX_VMM: "fake" }
-let source = ""
-
-beforeAll(async () => {
-  await buildCli()
-  source = tempHome()
-  fs.writeFileSync(path.join(source, "README.md"), "hello\n")
-}, 120_000)
-afterAll(() => removeTempHomes())
+const sourceDir = withCliAndSource()
 
 const newSession = (home: string, name?: string) => {
   const r = runCli(
     home,
-    ["run", "--json", ...(name ? ["--name", name] : []), source, "--", "echo", "hi"],
+    ["run", "--json", ...(name ? ["--name", name] : []), sourceDir(), "--", "echo", "hi"],
     fake
   )
   expect(r.code, r.stderr).toBe(0)

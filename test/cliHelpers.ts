@@ -1,3 +1,4 @@
+import { afterAll, beforeAll } from "@effect/vitest"
 import { build } from "esbuild"
 import { spawn, spawnSync } from "node:child_process"
 import { createHash } from "node:crypto"
@@ -143,3 +144,18 @@ export const firstExits = <R extends { readonly exited: Promise<CliExit> }>(
       })
     }
   })
+
+/**
+ * The usual set-up of a CLI test file: the bundle built once, a small source repository, the
+ * temp homes removed afterwards. Returns a getter for the source (set once beforeAll has run).
+ */
+export const withCliAndSource = (): (() => string) => {
+  let source = ""
+  beforeAll(async () => {
+    await buildCli()
+    source = tempHome()
+    fs.writeFileSync(path.join(source, "README.md"), "hello\n")
+  }, 120_000)
+  afterAll(() => removeTempHomes())
+  return () => source
+}
