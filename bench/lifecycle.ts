@@ -95,7 +95,11 @@ export const lifecycleRun = async (ctx: BenchContext): Promise<Figure> => {
   const phases: Record<string, Array<number>> = {}
   for (let i = 0; i < runs; i++) {
     const marks = await phasedRun(home, repo)
-    marks.forEach(([phase, at], k) => (phases[phase] ??= []).push(at - (k > 0 ? marks[k - 1]![1] : 0)))
+    // a phase lasts from its own mark to the next one's ("turn" marks the end of the turn)
+    marks.slice(1).forEach(([, at], k) => {
+      const [phase, began] = marks[k]!
+      ;(phases[phase] ??= []).push(at - began)
+    })
   }
   const perPhase = Object.entries(phases)
     .map(([phase, ms]) => `${phase} ${Math.round(median(ms))}`)
@@ -107,7 +111,7 @@ export const lifecycleRun = async (ctx: BenchContext): Promise<Figure> => {
     medianMs: round(medianMs),
     floorMs: round(floorMs),
     runs,
-    note: `abox run -- true, whole CLI process (open, turn, close) vs bare qemu to 'abox-init: started' (${accel}); phases in ms, each the time until the next begins: ${perPhase}`
+    note: `abox run -- true, whole CLI process (open, turn, close) vs bare qemu to 'abox-init: started' (${accel}); phases in ms (boot = VMM start to the guest's hello; ready = the turn): ${perPhase}`
   }
 }
 
