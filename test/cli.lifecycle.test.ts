@@ -110,6 +110,28 @@ describe("abox run / resume (built CLI, fake backend)", () => {
     expect(processesOf(home)).toEqual([])
   })
 
+  it("a reader that goes away (| head -1): the session closes cleanly, exit 141, no crash", async () => {
+    const home = tempHome()
+    const run = startCli(home, [
+      "run",
+      "--json",
+      sourceDir(),
+      "--",
+      "echo first; sleep 1; echo second; sleep 1; echo third"
+    ])
+    await run.sees("session")
+    run.child.stdout.destroy()
+    const exit = await run.exited
+    expect(exit.code).toBe(141)
+    expect(exit.stderr).not.toContain("EPIPE")
+    const id = fs.readdirSync(path.join(home, "sessions")).find((d) => !d.startsWith("."))!
+    const meta = JSON.parse(fs.readFileSync(path.join(home, "sessions", id, "session.json"), "utf8")) as {
+      lastClose?: { how: string }
+    }
+    expect(meta.lastClose?.how).toBe("graceful")
+    expect(processesOf(home)).toEqual([])
+  })
+
   it("resume without an id is refused; resume of an unknown id says so", () => {
     const home = tempHome()
     expect(runCli(home, ["resume"], fake).code).toBe(64)

@@ -24,6 +24,17 @@ export const runMain = makeRunMain(({ fiber, teardown }) => {
     fiber.unsafeInterruptAsFork(fiber.id())
   }
   for (const signal of CLOSE_SIGNALS) process.on(signal, onSignal)
+  // a reader that went away (`abox run --json … | head -1`): close the session as for a signal,
+  // rather than die on an unhandled EPIPE; later writes fail into this same handler, quietly
+  const onOutputError = (error: NodeJS.ErrnoException) => {
+    if (error.code !== "EPIPE") throw error
+    if (receivedSignal !== undefined) return
+    receivedSignal = "SIGPIPE"
+    removeListeners()
+    fiber.unsafeInterruptAsFork(fiber.id())
+  }
+  process.stdout.on("error", onOutputError)
+  process.stderr.on("error", onOutputError)
   fiber.addObserver((exit) => {
     if (receivedSignal === undefined) removeListeners()
     clearInterval(keepAlive)
