@@ -19,6 +19,7 @@ import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
 import { create as createTar } from "tar"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
+import { hostArch } from "../src/lib/arch.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
 import { encodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { GuestRpc, TransferFailed, type TurnEvent } from "../src/services/GuestRpc.js"
@@ -29,7 +30,7 @@ const isRoot = typeof process.getuid === "function" && process.getuid() === 0
 const makeSpec = (sessionDir: string): VmSpec => ({
   sessionId: path.basename(sessionDir),
   sessionDir,
-  arch: FakeVmm.hostGuestArch(),
+  arch: hostArch(),
   kernel: "unused",
   initrd: "unused",
   rootDisk: path.join(sessionDir, "root.raw"),

@@ -21,7 +21,7 @@ import * as Layer from "effect/Layer"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { ensureSocketDir, maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
-import { hostArch } from "../programs/compat.js"
+import { hostArch } from "../lib/arch.js"
 import type { GuestArch } from "../services/SessionStore.js"
 import {
   VmmBackend,

@@ -28,7 +28,8 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
-import type { CloseOutcome, GuestArch } from "../services/SessionStore.js"
+import { hostArch } from "../lib/arch.js"
+import type { CloseOutcome } from "../services/SessionStore.js"
 import {
   VmmBackend,
   VmmError,
@@ -61,8 +62,6 @@ export const guestAgentCommand = (root: string = findProjectRoot()): ReadonlyArr
     return [process.execPath, bundle]
   return [process.execPath, "--import", "tsx", path.join(root, "src", "guest", "main.ts")]
 }
-
-export const hostGuestArch = (): GuestArch => (process.arch === "arm64" ? "aarch64" : "x86_64")
 
 export interface FakeGuestPaths {
   readonly dir: string
@@ -244,7 +243,7 @@ export const make = (options: FakeVmmOptions = {}) =>
       return handle
     })
 
-    const shape: VmmBackendShape = { name: "fake", arch: hostGuestArch(), start }
+    const shape: VmmBackendShape = { name: "fake", arch: hostArch(), start }
     return shape
   })
 

@@ -16,6 +16,7 @@ import {
   type VmSpec
 } from "../services/VmmBackend.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
+import { hostArch } from "../lib/arch.js"
 import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 
@@ -31,8 +32,6 @@ export interface QemuVmmOptions {
   /** where to say which accelerator was chosen (default: stderr, once) */
   readonly note?: (message: string) => void
 }
-
-const hostArch = (): GuestArch => (process.arch === "arm64" ? "aarch64" : "x86_64")
 
 const which = (binary: string): string | undefined => {
   for (const dir of (process.env.PATH ?? "/usr/bin:/bin").split(":")) {

@@ -19,8 +19,6 @@ export class SessionIncompatible extends Schema.TaggedError<SessionIncompatible>
   message: Schema.String
 }) {}
 
-export const hostArch = (arch: string = process.arch): GuestArch => (arch === "arm64" ? "aarch64" : "x86_64")
-
 /** The narrow legacy format: arm64 + Virtualization.framework was the only runnable combination. */
 const LEGACY_BACKFILL = { arch: "aarch64", backend: "vz" } as const
 

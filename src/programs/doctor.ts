@@ -2,6 +2,8 @@ import * as Effect from "effect/Effect"
 import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
 import { kvmUsable } from "../layers/QemuVmm.js"
+import { hostArch } from "../lib/arch.js"
+import { qemuBinary } from "../vmm/argv.js"
 import { resolveImage } from "../lib/images.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
@@ -42,7 +44,7 @@ export const doctor = Effect.fn("doctor")(function* () {
         : { name: "vmm", status: "ok", detail: vfkit }
     )
   } else {
-    const binary = process.arch === "arm64" ? "qemu-system-aarch64" : "qemu-system-x86_64"
+    const binary = qemuBinary(hostArch())
     const qemu = yield* probe(binary, ["--version"])
     checks.push(
       qemu === undefined

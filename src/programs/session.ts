@@ -7,10 +7,9 @@ import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import * as path from "node:path"
-import { writeFileAtomic } from "../lib/atomicFile.js"
+import { writeConfigDisk } from "../lib/disk.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
-import { encodeConfigDisk } from "../protocol/ConfigDisk.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig } from "../protocol/GuestConfig.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import {
@@ -26,7 +25,8 @@ import { Images, type GoldenImage } from "../services/Images.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
 import { VmmBackend, VmmError, type CloseBounds, type VmHandle } from "../services/VmmBackend.js"
-import { checkCompatibility, hostArch } from "./compat.js"
+import { hostArch } from "../lib/arch.js"
+import { checkCompatibility } from "./compat.js"
 
 /** A running session: the VM is up, the guest said hello. Closing its scope is Close. */
 export interface Session {
@@ -103,10 +103,7 @@ const writeConfig = Effect.fn("session.writeConfig")(function* (
   config: GuestConfig
 ) {
   const store = yield* SessionStore
-  const configDisk = sessionFiles(dir).configDisk
-  yield* writeFileAtomic(configDisk, encodeConfigDisk(config), 0o600).pipe(
-    Effect.mapError(storeIo(configDisk, "write config disk"))
-  )
+  yield* writeConfigDisk(sessionFiles(dir).configDisk, config)
   yield* store.writeGuestConfig(id, config)
 })
 

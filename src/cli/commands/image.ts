@@ -5,6 +5,7 @@ import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import { hostArch } from "../../lib/arch.js"
 import type { RegisteredImage } from "../../lib/images.js"
 import { buildImage, imageList, imageRemove } from "../../programs/image.js"
 import { edge, printJson } from "../render.js"
@@ -23,7 +24,7 @@ const build = Command.make(
   "build",
   {
     arch: Options.choice("arch", ["x86_64", "aarch64"]).pipe(
-      Options.withDefault(process.arch === "arm64" ? ("aarch64" as const) : ("x86_64" as const)),
+      Options.withDefault(hostArch()),
       Options.withDescription("guest architecture")
     ),
     variant: Options.choice("variant", ["small", "full"]).pipe(
