@@ -6,6 +6,7 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -116,11 +117,9 @@ const defaultPolicy = Effect.gen(function* () {
   const broker = yield* HttpsBroker
   const file = path.join(paths.home, "broker.json")
   const present = yield* Effect.promise(() =>
-    import("node:fs/promises").then((fs) =>
-      fs.access(file).then(
-        () => true,
-        () => false
-      )
+    fs.access(file).then(
+      () => true,
+      () => false
     )
   )
   return present ? yield* broker.loadPolicy(file) : DENY_ALL
