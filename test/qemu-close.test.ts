@@ -149,3 +149,34 @@ describe.skipIf(skip !== undefined)("Close of a real VM whose guest ignores shut
     240_000
   )
 })
+
+describe.skipIf(!hasQemu)("the automatic accelerator choice", () => {
+  it.live("is probed and said once, then remembered for this host boot and QEMU binary", () =>
+    Effect.gen(function* () {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-accel-"))
+      const accelCache = path.join(dir, "cache", "accel.json")
+      const notes: Array<string> = []
+      const startOnce = Effect.gen(function* () {
+        const vmm = yield* makeQemuVmm({
+          accel: "auto",
+          accelCache,
+          helper: [process.execPath, fakeHelper(dir, "exit")],
+          note: (message) => notes.push(message)
+        })
+        yield* Effect.scoped(vmm.start(fakeSpec(dir)))
+      })
+      yield* startOnce
+      const first = JSON.parse(fs.readFileSync(accelCache, "utf8")) as { key: string; accel: string }
+      expect(["kvm", "tcg"]).toContain(first.accel)
+      expect(first.key).toContain("qemu-system-x86_64")
+      expect((fs.statSync(accelCache).mode & 0o777).toString(8)).toBe("600")
+      const noted = notes.length
+      yield* startOnce
+      expect(notes.length).toBe(noted) // remembered: no second probe, no second note
+      // a record for another boot or another binary is not trusted
+      fs.writeFileSync(accelCache, JSON.stringify({ ...first, key: "another-boot" }))
+      yield* startOnce
+      expect(JSON.parse(fs.readFileSync(accelCache, "utf8"))).toEqual(first)
+    })
+  )
+})

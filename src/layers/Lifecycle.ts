@@ -4,9 +4,11 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
+import * as path from "node:path"
 import { ImagesLive } from "../lib/images.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { hostArch } from "../lib/arch.js"
+import { AboxPaths } from "../services/AboxPaths.js"
 import { Images } from "../services/Images.js"
 import { DiskError } from "../services/Images.js"
 import * as FakeVmm from "./FakeVmm.js"
@@ -53,11 +55,16 @@ export const FakeImages = Layer.succeed(Images, {
 })
 
 const backends = Layer.unwrapEffect(
-  Effect.map(vmmChoice, (choice) => {
-    const backend = chooseBackend(choice)
+  Effect.gen(function* () {
+    const backend = chooseBackend(yield* vmmChoice)
     if (backend === "fake") return Layer.merge(FakeVmm.layer, FakeImages)
+    const paths = yield* AboxPaths
     const images = ImagesLive.pipe(Layer.provide(NodeCommandExecutor.layer))
-    return Layer.merge(backend === "vz" ? DarwinVmmLive() : QemuVmmLive(), images)
+    const vmm =
+      backend === "vz"
+        ? DarwinVmmLive()
+        : QemuVmmLive({ accelCache: path.join(paths.home, "cache", "accel.json") })
+    return Layer.merge(vmm, images)
   })
 )
 

@@ -1,6 +1,7 @@
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import * as Ref from "effect/Ref"
 // Raw node:child_process / node:fs: /dev/kvm is probed by opening it read-write and by starting
 // a paused VM on it; the PATH lookup is a plain access check.
@@ -31,7 +32,36 @@ export interface QemuVmmOptions {
   readonly consoleMaxBytes?: number
   /** where to say which accelerator was chosen (default: stderr, once) */
   readonly note?: (message: string) => void
+  /**
+   * where the automatic choice is remembered (e.g. `$ABOX_HOME/cache/accel.json`): it holds
+   * until the host reboots or QEMU changes, so the probe and its note happen once, not at every run
+   */
+  readonly accelCache?: string
 }
+
+/** what makes a remembered accelerator choice still true: this boot of the host, this QEMU binary */
+const accelCacheKey = (qemu: string, arch: GuestArch): string => {
+  const read = (file: string) => {
+    try {
+      return fs.readFileSync(file, "utf8").trim()
+    } catch {
+      return "-"
+    }
+  }
+  const qemuStat = (() => {
+    try {
+      const stat = fs.statSync(qemu)
+      return `${stat.ino}:${stat.size}:${stat.mtimeMs}`
+    } catch {
+      return "-"
+    }
+  })()
+  return `${read("/proc/sys/kernel/random/boot_id")}|${qemu}|${qemuStat}|${arch}`
+}
+
+const AccelCache = Schema.Struct({ key: Schema.String, accel: Schema.Literal("kvm", "tcg", "hvf") })
+const decodeAccelCache = Schema.decodeUnknownOption(Schema.parseJson(AccelCache))
+const encodeAccelCache = Schema.encodeSync(Schema.parseJson(AccelCache))
 
 const which = (binary: string): string | undefined => {
   for (const dir of (process.env.PATH ?? "/usr/bin:/bin").split(":")) {
@@ -102,7 +132,18 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
         if (Option.isSome(known)) return known.value
         let accel: Accel
         const wanted = options.accel ?? (process.env.ABOX_QEMU_ACCEL as "auto" | Accel | undefined) ?? "auto"
+        const cacheKey = accelCacheKey(qemu, arch)
+        const remembered =
+          options.accelCache === undefined
+            ? Option.none<typeof AccelCache.Type>()
+            : Option.filter(
+                decodeAccelCache(
+                  fs.existsSync(options.accelCache) ? fs.readFileSync(options.accelCache, "utf8") : ""
+                ),
+                (cached) => cached.key === cacheKey
+              )
         if (wanted !== "auto") accel = wanted
+        else if (Option.isSome(remembered)) accel = remembered.value.accel
         else if (!kvmOpens()) {
           accel = "tcg"
           note("qemu: /dev/kvm is not usable here; guests run under TCG (slower)")
@@ -110,6 +151,14 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
         else {
           accel = "tcg"
           note("qemu: /dev/kvm opens but a KVM VM does not start on this host; guests run under TCG (slower)")
+        }
+        if (wanted === "auto" && Option.isNone(remembered) && options.accelCache !== undefined) {
+          const file = options.accelCache
+          // best effort: without the record the probe simply runs again next time
+          yield* Effect.sync(() => {
+            fs.mkdirSync(path.dirname(file), { recursive: true, mode: 0o700 })
+            fs.writeFileSync(file, encodeAccelCache({ key: cacheKey, accel }), { mode: 0o600 })
+          }).pipe(Effect.catchAllDefect(() => Effect.void))
         }
         yield* Ref.set(accelRef, Option.some(accel))
         return accel
