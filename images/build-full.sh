@@ -12,7 +12,6 @@ set -eu
 ARCH=x86_64; OUT=; CACHE=; AGENT=; SNAPSHOT_ENTRY=; NODE_VERSION=20.20.2; ROOT_SIZE=4G
 MIRROR=${ABOX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${ABOX_DEBIAN_SUITE:-bookworm}
-ARGS="$*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) ARCH=$2; shift 2 ;;
@@ -33,8 +32,8 @@ case "$ARCH" in
 esac
 
 # kernel, initrd and the build.json skeleton come from the small recipe (same kernel, same initrd)
-# shellcheck disable=SC2086
-sh "$HERE/build-small.sh" $ARGS
+sh "$HERE/build-small.sh" --arch "$ARCH" --out "$OUT" --cache "$CACHE" --agent "$AGENT" --node "$NODE_VERSION" \
+  ${SNAPSHOT_ENTRY:+--snapshot-entry "$SNAPSHOT_ENTRY"}
 KVER=$(sed -n 's/.*"kernel":"\([^"]*\)".*/\1/p' "$OUT/build.json")
 
 WORK=$(mktemp -d "$OUT/.full.XXXXXX")
@@ -61,12 +60,24 @@ fi
 # busybox (from the small image's package) provides poweroff -f, insmod and friends in /bin/busybox
 dpkg-deb -x "$(ls "$CACHE/debs/$DEB_ARCH"/busybox-static_*.deb | head -n1)" "$WORK/bb"
 cp "$WORK/bb/bin/busybox" "$R/bin/busybox"
-sed 's#^\( *\)node #\1/usr/local/bin/node #; s#^poweroff -f#/bin/busybox poweroff -f#' "$HERE/root-init.sh" >"$R/sbin/abox-init"
+# minbase has no init system, hence no poweroff (init and the agent's shutdown both run
+# `poweroff -f`): busybox's; and no iproute2: the loopback (the agent's egress proxy listens on
+# 127.0.0.1) comes up through busybox's ip
+for cmd in poweroff halt reboot; do
+  [ -e "$R/usr/sbin/$cmd" ] || [ -e "$R/sbin/$cmd" ] || ln -s /bin/busybox "$R/usr/sbin/$cmd"
+done
+sed 's#^\( *\)node #\1/usr/local/bin/node #; s#^ip link #/bin/busybox ip link #' \
+  "$HERE/root-init.sh" >"$R/sbin/abox-init"
 chmod 0755 "$R/sbin/abox-init"
 ln -sf abox-init "$R/sbin/init"
 grep -q '^agent:' "$R/etc/group" || echo 'agent:x:1000:' >>"$R/etc/group"
 grep -q '^agent:' "$R/etc/passwd" || echo 'agent:x:1000:1000:repository owner:/home/agent:/bin/sh' >>"$R/etc/passwd"
 echo abox >"$R/etc/hostname"
+# debootstrap writes no /etc/hosts (then `localhost`, which the agent's NO_PROXY names, resolves
+# nowhere) and copies the build host's resolv.conf: the guest reaches out only through the agent's
+# proxy, so it gets neither the host's resolvers nor any
+printf '127.0.0.1 localhost abox\n::1 localhost\n' >"$R/etc/hosts"
+rm -f "$R/etc/resolv.conf" && : >"$R/etc/resolv.conf" && chmod 0644 "$R/etc/resolv.conf"
 chown -R 1000:1000 "$R/home/agent" "$R/work/repo"
 chmod 0700 "$R/var/lib/abox"
 chmod 1777 "$R/tmp"
