@@ -16,19 +16,13 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as path from "node:path"
 import { performance } from "node:perf_hooks"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { cloneDisk } from "../src/lib/disk.js"
 import type { GoldenImage } from "../src/services/Images.js"
 import { buildQemuArgv, minimalEnv } from "../src/vmm/argv.js"
-import { bootSession, ensureTestImage, vmSkipReason } from "../test/e2e-vm-image.js"
+import { bootSession, ensureTestImage, vmLayer, vmSkipReason } from "../test/e2e-vm-image.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
 
-const Live = Layer.mergeAll(
-  GuestRpcLive,
-  QemuVmmLive({ note: () => undefined }),
-  NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
-)
+const Live = vmLayer
 
 export const image = async (): Promise<GoldenImage> => {
   const skip = vmSkipReason()

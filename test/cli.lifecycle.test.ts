@@ -15,6 +15,7 @@ import {
   tempHome,
   withCliAndSource
 } from "./cliHelpers.js"
+import { processesMentioning } from "./support/processes.js"
 
 const fake = { ABOX_VMM: "fake" }
 const sourceDir = withCliAndSource()
@@ -27,16 +28,6 @@ const startCli = (home: string, args: ReadonlyArray<string>) =>
     HOME: path.join(home, "user"),
     ABOX_HOME: home,
     ...fake
-  })
-
-const processesOf = (home: string) =>
-  fs.readdirSync("/proc").filter((p) => {
-    if (!/^\d+$/.test(p)) return false
-    try {
-      return fs.readFileSync(`/proc/${p}/cmdline`, "utf8").includes(home)
-    } catch {
-      return false
-    }
   })
 
 describe("abox run / resume (built CLI, fake backend)", () => {
@@ -107,7 +98,7 @@ describe("abox run / resume (built CLI, fake backend)", () => {
       lastClose?: { how: string }
     }
     expect(meta.lastClose?.how).toBe("graceful")
-    expect(processesOf(home)).toEqual([])
+    expect(processesMentioning(home)).toEqual([])
   })
 
   it("a reader that goes away (| head -1): the session closes cleanly, exit 141, no crash", async () => {
@@ -129,7 +120,7 @@ describe("abox run / resume (built CLI, fake backend)", () => {
       lastClose?: { how: string }
     }
     expect(meta.lastClose?.how).toBe("graceful")
-    expect(processesOf(home)).toEqual([])
+    expect(processesMentioning(home)).toEqual([])
   })
 
   it("resume without an id is refused; resume of an unknown id says so", () => {

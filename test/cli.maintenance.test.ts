@@ -7,6 +7,7 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { cliBundle, runCli, startCli, tempHome, withCliAndSource } from "./cliHelpers.js"
+import { alive } from "./support/processes.js"
 
 const fake = { ABOX_VMM: "fake" }
 const sourceDir = withCliAndSource()
@@ -19,15 +20,6 @@ const newSession = (home: string, name?: string) => {
   )
   expect(r.code, r.stderr).toBe(0)
   return (JSON.parse(r.stdout.split("\n")[0]!) as { session: string }).session
-}
-
-const alive = (pid: number) => {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z"
-  } catch {
-    return false
-  }
 }
 
 describe("abox gc", () => {

@@ -32,6 +32,7 @@ import { encodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { GuestRpc } from "../src/services/GuestRpc.js"
 import { type CloseBounds, VmmBackend, type VmSpec } from "../src/services/VmmBackend.js"
 import { buildVfkitArgv, uncompressedKernel, vfkitGetState, vfkitSetState } from "../src/vmm/vfkit.js"
+import { alive } from "./support/processes.js"
 
 const root = path.resolve(__dirname, "..")
 const fakeVfkit = path.join(root, "test", "support", "fake-vfkit.mjs")
@@ -262,20 +263,6 @@ const fakeLog = (spec: VmSpec): Array<FakeEvent> =>
     .split("\n")
     .filter((line) => line !== "")
     .map((line) => JSON.parse(line) as FakeEvent)
-
-/** running (a zombie waiting for init to reap it, after its parent was SIGKILLed, is not) */
-const alive = (pid: number) => {
-  try {
-    process.kill(pid, 0)
-  } catch {
-    return false
-  }
-  try {
-    return !/^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, "utf8"))
-  } catch {
-    return true
-  }
-}
 
 const rpcOptions = { helloTimeout: "30 seconds", shutdownTimeout: "3 seconds" } as const
 const live = (vfkit: string, stepMs?: number) =>

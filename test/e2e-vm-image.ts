@@ -20,11 +20,22 @@ import * as Stream from "effect/Stream"
 import { writeConfigDisk } from "../src/lib/disk.js"
 import { goldenOf, resolveImage } from "../src/lib/images.js"
 import type { GuestConfig } from "../src/protocol/GuestConfig.js"
+import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { GuestRpc } from "../src/services/GuestRpc.js"
 import { type CloseBounds, VmmBackend } from "../src/services/VmmBackend.js"
 import { buildImage } from "../src/programs/image.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { GoldenImage } from "../src/services/Images.js"
+
+export { alive, processesMentioning } from "./support/processes.js"
+
+/** what a VM test or benchmark boots with: the real QEMU backend and the host side of the protocol */
+export const vmLayer = Layer.mergeAll(
+  GuestRpcLive,
+  QemuVmmLive({ note: () => undefined }),
+  NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
+)
 
 export const repoRoot = path.resolve(import.meta.dirname, "..")
 export const testHome = path.join(repoRoot, ".build", "test-home")
@@ -116,24 +127,6 @@ export const ensureTestImage = async (): Promise<GoldenImage> => {
   }
 }
 
-/** pids of live processes whose command line mentions `needle` (from /proc) */
-export const processesMentioning = (needle: string): Array<number> => {
-  const found: Array<number> = []
-  for (const entry of fs.readdirSync("/proc")) {
-    if (!/^\d+$/.test(entry)) continue
-    try {
-      const cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, "utf8")
-      const stat = fs.readFileSync(`/proc/${entry}/stat`, "utf8")
-      const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
-      if (state !== "Z" && cmdline.includes(needle) && Number(entry) !== process.pid)
-        found.push(Number(entry))
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return found
-}
-
 export const bootSession = (
   image: GoldenImage,
   dir: string,
@@ -193,13 +186,3 @@ export const runTurn = (
         .join("")
     )
   )
-
-/** a live, non-zombie process */
-export const alive = (pid: number): boolean => {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z"
-  } catch {
-    return false
-  }
-}

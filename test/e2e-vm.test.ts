@@ -1,15 +1,10 @@
 import { describe, expect, it } from "@effect/vitest"
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
-import * as Layer from "effect/Layer"
 import * as Scope from "effect/Scope"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { cloneDisk } from "../src/lib/disk.js"
 import {
   alive,
@@ -17,17 +12,14 @@ import {
   ensureTestImage,
   processesMentioning,
   runTurn,
+  vmLayer,
   vmSkipReason
 } from "./e2e-vm-image.js"
 
 const skip = vmSkipReason()
 if (skip !== undefined) console.warn(`e2e-vm: skipped: ${skip}`)
 
-const TestLayer = Layer.mergeAll(
-  GuestRpcLive,
-  QemuVmmLive({ note: () => undefined }),
-  NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
-)
+const TestLayer = vmLayer
 
 describe.skipIf(skip !== undefined)("QEMU end to end (real kernel, real guest agent)", () => {
   it.live(

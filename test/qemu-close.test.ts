@@ -8,25 +8,15 @@ import * as Scope from "effect/Scope"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { makeQemuVmm, QemuVmmLive } from "../src/layers/QemuVmm.js"
+import { makeQemuVmm } from "../src/layers/QemuVmm.js"
 import { cloneDisk } from "../src/lib/disk.js"
 import type { VmSpec } from "../src/services/VmmBackend.js"
-import { bootSession, ensureTestImage, processesMentioning, vmSkipReason } from "./e2e-vm-image.js"
+import { bootSession, ensureTestImage, processesMentioning, vmLayer, vmSkipReason } from "./e2e-vm-image.js"
+import { alive } from "./support/processes.js"
 
 const skip = vmSkipReason()
 const hasQemu =
   fs.existsSync("/usr/bin/qemu-system-x86_64") || fs.existsSync("/usr/local/bin/qemu-system-x86_64")
-
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z"
-  } catch {
-    return false
-  }
-}
 
 /**
  * A stand-in helper: reports a child `sleep` as its VMM, and either honours SIGTERM (exits,
@@ -137,15 +127,7 @@ describe.skipIf(skip !== undefined)("Close of a real VM whose guest ignores shut
         expect(outcome.consoleTail?.length ?? 0).toBeGreaterThan(0)
         expect(processesMentioning(dir)).toEqual([])
         fs.rmSync(dir, { recursive: true, force: true })
-      }).pipe(
-        Effect.provide(
-          Layer.mergeAll(
-            GuestRpcLive,
-            QemuVmmLive({ note: () => undefined }),
-            NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
-          )
-        )
-      ),
+      }).pipe(Effect.provide(vmLayer)),
     240_000
   )
 })

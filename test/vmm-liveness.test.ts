@@ -1,9 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
-import * as Layer from "effect/Layer"
 import * as Scope from "effect/Scope"
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
@@ -11,8 +8,6 @@ import { createRequire } from "node:module"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as readline from "node:readline"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { cloneDisk } from "../src/lib/disk.js"
 import {
   alive,
@@ -20,6 +15,7 @@ import {
   ensureTestImage,
   processesMentioning,
   repoRoot,
+  vmLayer,
   vmSkipReason
 } from "./e2e-vm-image.js"
 
@@ -78,15 +74,7 @@ describe.skipIf(skip !== undefined)("liveness: the supervisor dies, the VM goes 
         yield* Scope.close(scope, Exit.void)
         expect(processesMentioning(dir)).toEqual([])
         fs.rmSync(dir, { recursive: true, force: true })
-      }).pipe(
-        Effect.provide(
-          Layer.mergeAll(
-            GuestRpcLive,
-            QemuVmmLive({ note: () => undefined }),
-            NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
-          )
-        )
-      ),
+      }).pipe(Effect.provide(vmLayer)),
     240_000
   )
 })

@@ -1,16 +1,12 @@
 // A supervisor for the liveness test: locks the session, boots it, prints READY, then waits to be killed.
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as fs from "node:fs"
 import { createRequire } from "node:module"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { writeConfigDisk } from "../src/lib/disk.js"
 import { GuestRpc } from "../src/services/GuestRpc.js"
 import { VmmBackend } from "../src/services/VmmBackend.js"
+import { vmLayer } from "./e2e-vm-image.js"
 
 const [dir, kernel, initrd] = process.argv.slice(2) as [string, string, string]
 const locks = createRequire(import.meta.url)("fs-native-extensions") as { tryLock: (fd: number) => boolean }
@@ -45,14 +41,4 @@ const program = Effect.gen(function* () {
   return yield* Effect.never
 })
 
-Effect.runFork(
-  Effect.scoped(program).pipe(
-    Effect.provide(
-      Layer.mergeAll(
-        GuestRpcLive,
-        QemuVmmLive({ note: () => undefined }),
-        NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
-      )
-    )
-  )
-)
+Effect.runFork(Effect.scoped(program).pipe(Effect.provide(vmLayer)))

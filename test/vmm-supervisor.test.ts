@@ -14,16 +14,7 @@ import * as path from "node:path"
 import type { VmSpec } from "../src/services/VmmBackend.js"
 import type { HelperSpec } from "../src/vmm/protocol.js"
 import { superviseHelper, type SupervisorOptions } from "../src/vmm/supervisor.js"
-
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) !== "Z"
-  } catch {
-    return false
-  }
-}
+import { alive } from "./support/processes.js"
 
 type Behaviour =
   /** reports a `sleep` as its VMM; on SIGINT/SIGTERM kills it, reports its exit and exits */
