@@ -7,12 +7,16 @@
  * never crashes on them. Plain async TypeScript: the guest's start-up path carries no Effect
  * runtime beyond effect/Schema (see main.ts).
  */
+import { spawn } from "node:child_process"
+import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import type { ControlMessage } from "../protocol/Messages.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
+import { exportOperands, exportTar } from "./exportTree.js"
 import { extractTar } from "./extract.js"
+import { baselineDir } from "./repoDisk.js"
 import type { TurnRunner } from "./turns.js"
 
 /** where the host thinks the repository is; mapped onto --repo */
@@ -39,6 +43,8 @@ export interface GuestAgentOptions {
   readonly onTunnelMessage?: ((message: ControlMessage) => void) | undefined
   readonly log: (line: string) => void
   readonly now?: () => Date
+  /** the repository disk is mounted on repoDir (hello.repoDisk) */
+  readonly repoDisk?: boolean | undefined
 }
 
 /** why the conversation ended */
@@ -100,7 +106,8 @@ export class GuestAgent {
       build: this.options.build,
       contextTurns: this.history.length,
       // a window above v4's default lets the host keep a transfer's pipe full
-      ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {})
+      ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {}),
+      ...(this.options.repoDisk === true ? { repoDisk: true } : {})
     })
     await link.sendControl({ type: "ready" })
     const end = await ended
@@ -130,7 +137,10 @@ export class GuestAgent {
     if (this.shuttingDown) return
     switch (message.type) {
       case "transfer_begin":
-        void this.transfer(message.channel, message.target)
+        void this.transfer(message.channel, message.target, message.baseline === true)
+        return
+      case "export_begin":
+        void this.exportTree(message.channel, message.tree, message.paths, message.exclude)
         return
       case "user_turn":
         return this.startTurn(message.turn, message.text)
@@ -171,7 +181,56 @@ export class GuestAgent {
     }
   }
 
-  private async transfer(channel: number, target: string): Promise<void> {
+  /** a tar of part of the repository or of the baseline, on a host-chosen channel (guest → host) */
+  private async exportTree(
+    channel: number,
+    tree: "repo" | "baseline",
+    paths: ReadonlyArray<string>,
+    exclude: ReadonlyArray<string>
+  ): Promise<void> {
+    const { link, log } = this.options
+    if (this.transfers.has(channel)) {
+      await this.send({ type: "error", code: "export_failed", message: "channel already in use", channel })
+      return
+    }
+    this.transfers.add(channel)
+    const ch = link.channel(channel)
+    try {
+      const dir = tree === "repo" ? this.options.repoDir : baselineDir(this.options.stateDir)
+      const operands = await exportOperands(dir, paths, exclude)
+      const bytes = await exportTar(dir, operands, ch, {
+        // the repository is read as the turn user; the baseline is root's
+        user: tree === "repo" ? this.options.owner : undefined
+      })
+      await this.send({ type: "transfer_end", channel, files: 0, bytes })
+    } catch (error) {
+      log(`export on channel ${channel} failed: ${errorText(error)}`)
+      ch.destroy("export failed")
+      await this.send({ type: "error", code: "export_failed", message: errorText(error), channel })
+    } finally {
+      this.transfers.delete(channel)
+    }
+  }
+
+  /** the tar path's baseline: a copy of what was just extracted, root's own (`cp -a`, native) */
+  private async copyBaseline(dir: string): Promise<void> {
+    const target = baselineDir(this.options.stateDir)
+    await fs.rm(target, { recursive: true, force: true })
+    await fs.mkdir(target, { recursive: true, mode: 0o700 })
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn("cp", ["-a", `${dir}/.`, `${target}/`], { stdio: ["ignore", "ignore", "pipe"] })
+      let stderr = ""
+      child.stderr.on("data", (chunk: Buffer) => {
+        stderr += chunk.toString("utf8")
+      })
+      child.once("error", reject)
+      child.once("exit", (code) =>
+        code === 0 ? resolve() : reject(new Error(`baseline copy: ${stderr.trim() || `exit ${code}`}`))
+      )
+    })
+  }
+
+  private async transfer(channel: number, target: string, baseline = false): Promise<void> {
     const { link, log } = this.options
     const readable = link.channel(channel).readable
     const dir = resolveTarget(target, this.options.repoDir)
@@ -197,6 +256,7 @@ export class GuestAgent {
         dir,
         this.options.owner === undefined ? {} : { owner: this.options.owner }
       )
+      if (baseline) await this.copyBaseline(dir)
       log(
         `transfer on channel ${channel}: ${result.files} files, ${result.bytes} bytes` +
           (result.skipped > 0 ? `, ${result.skipped} special entries skipped` : "") +

@@ -18,6 +18,7 @@ import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
+  type ExportRequest,
   type GuestConnection,
   GuestDisconnected,
   GuestRpc,
@@ -28,6 +29,7 @@ import {
   GuestTooOld,
   ProtocolError,
   TransferFailed,
+  type TransferOptions,
   type TunnelRequest,
   type TurnEvent
 } from "../services/GuestRpc.js"
@@ -414,7 +416,8 @@ const connect = (
 
     const transfer = (
       tar: Stream.Stream<Uint8Array, TransferFailed>,
-      target: string
+      target: string,
+      transferOptions: TransferOptions = {}
     ): Effect.Effect<{ readonly files: number; readonly bytes: number }, TransferFailed | GuestRpcError> =>
       Effect.gen(function* () {
         const id = nextChannel
@@ -422,7 +425,13 @@ const connect = (
         const result = yield* Deferred.make<{ files: number; bytes: number }, TransferFailed>()
         transfers.set(id, result)
         yield* Effect.addFinalizer(() => Effect.sync(() => transfers.delete(id)))
-        yield* send({ type: "transfer_begin", channel: id, format: "tar", target })
+        yield* send({
+          type: "transfer_begin",
+          channel: id,
+          format: "tar",
+          target,
+          ...(transferOptions.baseline === true ? { baseline: true } : {})
+        })
         const channel = mux.channel(id)
         yield* Effect.addFinalizer(() => Effect.sync(() => channel.destroy("transfer finished")))
         // the sync path writes while credit and the socket allow; otherwise wait for them
@@ -452,6 +461,50 @@ const connect = (
           )
         )
       }).pipe(Effect.scoped, Effect.withSpan("GuestRpc.transfer"))
+
+    /** guest → host: the channel is opened here before `export_begin` names it */
+    const exportTree = (request: ExportRequest): Stream.Stream<Uint8Array, TransferFailed | GuestRpcError> =>
+      Stream.unwrapScoped(
+        Effect.gen(function* () {
+          yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
+            Option.isSome(done) ? done.value : Effect.void
+          )
+          const id = nextChannel
+          nextChannel += 2
+          const result = yield* Deferred.make<{ files: number; bytes: number }, TransferFailed>()
+          transfers.set(id, result)
+          yield* Effect.addFinalizer(() => Effect.sync(() => transfers.delete(id)))
+          const channel = mux.channel(id)
+          yield* Effect.addFinalizer(() => Effect.sync(() => channel.destroy("export finished")))
+          yield* send({
+            type: "export_begin",
+            channel: id,
+            tree: request.tree,
+            paths: [...request.paths],
+            exclude: [...(request.exclude ?? [])]
+          })
+          // a refusal or a disconnect: the channel is destroyed first, which ends a pending read
+          // (an async iterator's return() would wait for it)
+          const failed = awaitOrTerminated(result).pipe(
+            Effect.tapError(() => Effect.sync(() => channel.destroy("export failed"))),
+            Effect.zipRight(Effect.never)
+          )
+          return channelStream(channel).pipe(
+            Stream.interruptWhen(failed),
+            // the bytes end with the guest's EOF; the export is complete only with its transfer_end
+            Stream.concat(Stream.drain(Stream.fromEffect(awaitOrTerminated(result)))),
+            Stream.catchAll((error: TransferFailed | GuestRpcError) =>
+              Stream.fromEffect(
+                Effect.flatMap(Deferred.poll(result), (done) =>
+                  Option.isSome(done)
+                    ? Effect.flatMap(done.value, () => Effect.fail(error))
+                    : Effect.fail(error)
+                )
+              )
+            )
+          )
+        })
+      ).pipe(Stream.withSpan("GuestRpc.exportTree"))
 
     const turn = (text: string): Stream.Stream<TurnEvent, GuestRpcError> =>
       Stream.unwrapScoped(
@@ -499,6 +552,7 @@ const connect = (
     return {
       hello: helloMessage,
       transfer,
+      exportTree,
       turn,
       cancel,
       shutdown,
