@@ -18,14 +18,22 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   Cancelled: 72,
   // open: the source directory is missing or not a directory
   SourceInvalid: 73,
+  // diff / apply / cp: an archive from the guest broke a rule
+  ArchiveRefused: 74,
   // lock
   SessionBusy: 75,
   LockError: 76,
   // resume: the session was made for another arch, backend, or predates that metadata
   SessionIncompatible: 77,
+  // apply: the source changed where the patch writes; the patch does not apply
+  SourceChanged: 78,
+  PatchFailed: 79,
   // VMM
   VmmError: 80,
   VmmUnavailable: 81,
+  // diff / apply / cp: a path outside the repository or taken; git missing or failing on the host
+  RepoPathInvalid: 82,
+  RepoToolFailed: 83,
   // guest protocol
   GuestTooOld: 85,
   GuestTooNew: 86,

@@ -6,6 +6,7 @@ import { name } from "./commands/name.js"
 import { rm } from "./commands/rm.js"
 import { doctorCommand, gcCommand, logs } from "./commands/maintenance.js"
 import { scrub } from "./commands/scrub.js"
+import { applyCommand, cpCommand, diffCommand } from "./commands/repo.js"
 import { openCommand, resumeCommand, run } from "./commands/session.js"
 import { show } from "./commands/show.js"
 
@@ -22,7 +23,10 @@ const subcommands = [
   gcCommand,
   scrub,
   doctorCommand,
-  image
+  image,
+  diffCommand,
+  applyCommand,
+  cpCommand
 ] as const
 
 export const abox = Command.make("abox").pipe(

@@ -200,12 +200,21 @@ export const buildRepoDisks = Effect.fn("repoDisk.build")(function* (
   )
   // the guest's repository user owns every entry; sockets, FIFOs and devices go again
   const layout = yield* runTool(files.base, tools.dumpe2fs, [files.base])
+  // mkfs makes /lost+found, which the source does not have: the snapshot is exact without it
+  const ownLostFound = yield* Effect.promise(() =>
+    fs.lstat(path.join(scan.root, "lost+found")).then(
+      () => true,
+      () => false
+    )
+  )
+  // ownership first (every inode in use), then the removals (whose inodes are freed)
   const script = [
-    ...removals.map((p) => `rm ${p}`),
     ...usedInodes(layout).flatMap((ino) => [
       `sif <${ino}> uid ${REPO_OWNER.uid}`,
       `sif <${ino}> gid ${REPO_OWNER.gid}`
-    ])
+    ]),
+    ...(ownLostFound ? [] : ["rmdir /lost+found"]),
+    ...removals.map((p) => `rm ${p}`)
   ].join("\n")
   yield* runTool(files.base, tools.debugfs, ["-w", "-f", "-", files.base], script + "\n")
   // the baseline stays as it is now; the guest writes to an overlay (qcow2) or a clone (raw)

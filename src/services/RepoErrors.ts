@@ -34,9 +34,3 @@ export class RepoPathInvalid extends Schema.TaggedError<RepoPathInvalid>()("Repo
   path: Schema.String,
   message: Schema.String
 }) {}
-
-/** the session has no baseline (opened before baselines were recorded) */
-export class NoBaseline extends Schema.TaggedError<NoBaseline>()("NoBaseline", {
-  session: Schema.String,
-  message: Schema.String
-}) {}

@@ -60,18 +60,21 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     `file=${escapeOptionValue(input.rootDisk)},format=raw,if=virtio,cache=writeback`,
     "-drive",
     `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`,
-    // the repository (vdc, writable: an overlay of the baseline) and the baseline (vdd, read-only)
+    // the repository (writable: an overlay of the baseline) and the baseline (read-only), found
+    // by the guest by their serials; pinned to high PCI slots so that they enumerate after the
+    // root and config disks (auto-assigned low slots), which stay vda and vdb for the initrd
+    // of every image
     ...(input.repoDisks === undefined
       ? []
       : [
           "-drive",
           `file=${escapeOptionValue(input.repoDisks.repo)},format=${input.repoDisks.repoFormat},if=none,id=repo,cache=writeback`,
           "-device",
-          "virtio-blk-pci,drive=repo,serial=abox-repo",
+          "virtio-blk-pci,drive=repo,serial=abox-repo,addr=0x10",
           "-drive",
           `file=${escapeOptionValue(input.repoDisks.base)},format=raw,if=none,id=base,readonly=on`,
           "-device",
-          "virtio-blk-pci,drive=base,serial=abox-base"
+          "virtio-blk-pci,drive=base,serial=abox-base,addr=0x11"
         ]),
     "-device",
     "virtio-serial-pci",
