@@ -10,6 +10,7 @@ import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
+import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
 import { scrubOverhead } from "./scrub.js"
 import { vmmClone, vmmOpenToHello, vmmRss } from "./vmm.js"
 
@@ -28,7 +29,10 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["lifecycleRun", lifecycleRun],
   ["lifecycleTurn", lifecycleTurn],
   ["transferTree50MB", transferTree50MB],
-  ["lifecycleRss", lifecycleRss]
+  ["lifecycleRss", lifecycleRss],
+  ["repoOpenNodeModules", repoOpenNodeModules],
+  ["repoOpenTinyFiles", repoOpenTinyFiles],
+  ["repoOpen200MB", repoOpen200MB]
 ]
 
 const only = process.argv.slice(2)

@@ -11,7 +11,7 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import type { ControlMessage } from "../protocol/Messages.js"
-import { PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
 import { exportOperands, exportTar } from "./exportTree.js"
@@ -107,7 +107,8 @@ export class GuestAgent {
       contextTurns: this.history.length,
       // a window above v4's default lets the host keep a transfer's pipe full
       ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {}),
-      ...(this.options.repoDisk === true ? { repoDisk: true } : {})
+      ...(this.options.repoDisk === true ? { repoDisk: true } : {}),
+      features: [FEATURE_EXPORT]
     })
     await link.sendControl({ type: "ready" })
     const end = await ended

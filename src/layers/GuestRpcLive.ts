@@ -14,7 +14,7 @@ import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import type { ControlMessage, HelloMessage } from "../protocol/Messages.js"
-import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
@@ -469,6 +469,14 @@ const connect = (
           yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
             Option.isSome(done) ? done.value : Effect.void
           )
+          // a message type an older v4 guest would not decode: only when the guest lists it
+          if (helloMessage.features?.includes(FEATURE_EXPORT) !== true) {
+            return yield* new TransferFailed({
+              reason: "unsupported",
+              message:
+                "this session's guest cannot send files back (its image predates it): run image-update and open a new session"
+            })
+          }
           const id = nextChannel
           nextChannel += 2
           const result = yield* Deferred.make<{ files: number; bytes: number }, TransferFailed>()

@@ -35,8 +35,16 @@ export const Hello = msg("hello", {
    * the guest mounted the session's repository disk on /work/repo (and its baseline read-only):
    * the host sends no snapshot tar at Open
    */
-  repoDisk: Schema.optional(Schema.Boolean)
+  repoDisk: Schema.optional(Schema.Boolean),
+  /**
+   * host → guest message types beyond the first v4 set that this guest understands; the host
+   * sends such a message only when it is listed here (`export`: export_begin)
+   */
+  features: Schema.optional(Schema.Array(Schema.String))
 })
+
+/** hello.features: the guest understands export_begin (and keeps a baseline) */
+export const FEATURE_EXPORT = "export"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
