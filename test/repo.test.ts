@@ -19,7 +19,8 @@ import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { extractUntrusted } from "../src/lib/hostExtract.js"
 import * as Repo from "../src/programs/repo.js"
-import { open } from "../src/programs/session.js"
+import { open, type TransferProgress } from "../src/programs/session.js"
+import { progressLine } from "../src/cli/progress.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { AGENT_TURN, applyToCopy, manifest, sourceRepo, withoutEmptyDirs } from "./support/trees.js"
 
@@ -52,7 +53,14 @@ describe("diff / apply / cp (FakeVmm)", () => {
       const home = tempDir("abox-home-")
       const source = sourceRepo()
       return Effect.gen(function* () {
-        const session = yield* open({ source })
+        const progress: Array<TransferProgress> = []
+        const session = yield* open({ source, onProgress: (p) => Effect.sync(() => void progress.push(p)) })
+        // the transfer's progress: from nothing to every file and byte of the scan
+        expect(progress[0]).toMatchObject({ files: 0, bytes: 0 })
+        expect(progress.at(-1)!.files).toBe(progress.at(-1)!.totalFiles)
+        expect(progress.at(-1)!.bytes).toBe(progress.at(-1)!.totalBytes)
+        expect(progress.at(-1)!.totalFiles).toBe(10)
+        expect(progressLine(progress.at(-1)!)).toContain("10/10 files")
         const turn = Array.from(yield* Stream.runCollect(session.turn(AGENT_TURN)))
         expect(stdoutOf(turn)).toContain("done")
         expect(turn.at(-1)).toMatchObject({ _tag: "End", exitCode: 0 })

@@ -364,7 +364,23 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
         yield* phase(options, "transfer")
         yield* progress(false)
-        yield* booted.connection.transfer(snapshot.tar, GUEST_REPO, { baseline: true })
+        // the tar's bytes as they go (headers included, so a little above the files' bytes)
+        let sent = 0
+        let told = 0
+        const counted = snapshot.tar.pipe(
+          Stream.tap((chunk) => {
+            sent += chunk.length
+            if (options.onProgress === undefined || sent - told < 1024 * 1024) return Effect.void
+            told = sent
+            return options.onProgress({
+              files: 0,
+              bytes: Math.min(sent, scan.bytes),
+              totalFiles: scan.files,
+              totalBytes: scan.bytes
+            })
+          })
+        )
+        yield* booted.connection.transfer(counted, GUEST_REPO, { baseline: true })
         yield* progress(true)
       }
       yield* phase(options, "ready")

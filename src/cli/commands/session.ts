@@ -10,6 +10,7 @@ import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { CliExit, edge } from "../render.js"
 import { interactive } from "../interactive.js"
+import { progressBar } from "../progress.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
@@ -133,7 +134,8 @@ export const run = Command.make(
             source: args.source,
             name: Option.getOrUndefined(args.name),
             image: Option.getOrUndefined(args.image),
-            onPhase: stepDisplay(!args.json && process.stderr.isTTY === true)
+            onPhase: stepDisplay(!args.json && process.stderr.isTTY === true),
+            onProgress: progressBar(!args.json && process.stderr.isTTY === true)
           })
           yield* oneTurn(session, args.turn, args.json)
           if (args.keep && !args.json) yield* Console.error(`abox: resume with: abox resume ${session.id}`)
@@ -154,7 +156,8 @@ export const openCommand = Command.make(
             source: args.source,
             name: Option.getOrUndefined(args.name),
             image: Option.getOrUndefined(args.image),
-            onPhase: stepDisplay(true)
+            onPhase: stepDisplay(true),
+            onProgress: progressBar(true)
           })
           for (const skipped of session.skipped)
             yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
