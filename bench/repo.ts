@@ -16,6 +16,7 @@ import * as path from "node:path"
 import { performance } from "node:perf_hooks"
 import { open, type Phase } from "../src/programs/session.js"
 import { benchHome, layerFor } from "./lifecycle.js"
+import { image } from "./vmm.js"
 import { type BenchContext, type Figure, median, round, timeOnce } from "./lib.js"
 
 /** a node_modules-like tree: ~7k files, ~65 MB */
@@ -104,6 +105,7 @@ const openOnce = (ctx: BenchContext, tree: string): Promise<OpenTimes> =>
   )
 
 const figureFor = async (ctx: BenchContext, make: (root: string) => string): Promise<Figure> => {
+  await image()
   const tree = make(fs.mkdtempSync(path.join(ctx.tmp, "repo-tree-")))
   const tarMs = () => {
     const target = fs.mkdtempSync(path.join(ctx.tmp, "untar-"))
