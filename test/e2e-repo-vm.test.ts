@@ -45,6 +45,10 @@ const layerFor = (home: string) =>
   )
 
 const GiB = 1024 * 1024 * 1024
+const t0 = Date.now()
+/** where a slow run spends its time (stderr) */
+const step = (label: string) =>
+  Effect.sync(() => console.error(`e2e-repo-vm: ${((Date.now() - t0) / 1000).toFixed(1)} s ${label}`))
 
 describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => {
   it.live(
@@ -66,6 +70,7 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
 
         const id = yield* Effect.scoped(
           Effect.gen(function* () {
+            yield* step("open")
             const session = yield* open({ source: link, memoryMiB: 512 })
             expect(session.meta.source).toBe(fs.realpathSync(source))
             expect(session.hello.repoDisk).toBe(true)
@@ -88,15 +93,19 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
             yield* runTurn(session.connection, "rm sparse.img")
             fs.rmSync(path.join(source, "sparse.img"))
 
+            yield* step("agent turn")
             expect(yield* runTurn(session.connection, AGENT_TURN)).toContain("done")
             const guestTree = fs.mkdtempSync(path.join(os.tmpdir(), "abox-repo-vm-tree-"))
+            yield* step("export")
             yield* extractUntrusted(session.connection.exportTree({ tree: "repo", paths: [] }), guestTree)
 
+            yield* step("diff")
             const patch = yield* Repo.diff(session.connection)
             expect(patch).toContain("GIT binary patch")
             expect(patch).toContain("rename from src/old-name.txt")
             expect(patch).toContain("old mode 100644\nnew mode 100755")
             expect(patch).not.toContain("sparse.img")
+            yield* step("git apply")
             const copy = applyToCopy(source, patch)
             expect(withoutEmptyDirs(manifest(copy, [".git"]))).toEqual(
               withoutEmptyDirs(manifest(guestTree, [".git"]))
@@ -105,12 +114,14 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
             // the source changed since the snapshot: refused, with the path
             fs.writeFileSync(path.join(source, "src", "main.c"), "int main(void) { return 1; }\n")
             fs.appendFileSync(path.join(source, "README.md"), "the user's edit\n")
+            yield* step("apply")
             const refused = yield* Effect.flip(Repo.apply(session.connection, { to: source }))
             expect(refused._tag).toBe("SourceChanged")
             if (refused._tag === "SourceChanged") expect(refused.paths).toEqual(["README.md"])
 
             // cp both ways: binary-safe, owned by the repository user in the guest
             const out = fs.mkdtempSync(path.join(os.tmpdir(), "abox-repo-vm-out-"))
+            yield* step("cp")
             yield* Repo.copyOut(session.connection, "image.bin", path.join(out, "image.bin"))
             expect(fs.readFileSync(path.join(out, "image.bin"))).toEqual(
               fs.readFileSync(path.join(guestTree, "image.bin"))
@@ -124,6 +135,7 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
         )
 
         // stopped: the session boots again (its own root and repository disks) for the diff
+        yield* step("stopped diff")
         const again = yield* Repo.withConnection(id, (connection) => Repo.diff(connection, { stat: true }))
         expect(again).toContain("src/payload.bin")
         expect(again).toContain("src/{old-name.txt => new-name.txt}")
