@@ -14,7 +14,7 @@ import type { ControlMessage } from "../protocol/Messages.js"
 import { FEATURE_EXPORT, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
-import { exportOperands, exportTar } from "./exportTree.js"
+import { changedEntries, exportOperands, exportTar } from "./exportTree.js"
 import { extractTar } from "./extract.js"
 import { baselineDir } from "./repoDisk.js"
 import type { TurnRunner } from "./turns.js"
@@ -141,7 +141,13 @@ export class GuestAgent {
         void this.transfer(message.channel, message.target, message.baseline === true)
         return
       case "export_begin":
-        void this.exportTree(message.channel, message.tree, message.paths, message.exclude)
+        void this.exportTree(
+          message.channel,
+          message.tree,
+          message.paths,
+          message.exclude,
+          message.changed === true
+        )
         return
       case "user_turn":
         return this.startTurn(message.turn, message.text)
@@ -187,7 +193,8 @@ export class GuestAgent {
     channel: number,
     tree: "repo" | "baseline",
     paths: ReadonlyArray<string>,
-    exclude: ReadonlyArray<string>
+    exclude: ReadonlyArray<string>,
+    changed = false
   ): Promise<void> {
     const { link, log } = this.options
     if (this.transfers.has(channel)) {
@@ -198,7 +205,9 @@ export class GuestAgent {
     const ch = link.channel(channel)
     try {
       const dir = tree === "repo" ? this.options.repoDir : baselineDir(this.options.stateDir)
-      const operands = await exportOperands(dir, paths, exclude)
+      const operands = changed
+        ? (await changedEntries(this.options.repoDir, baselineDir(this.options.stateDir), exclude))[tree]
+        : await exportOperands(dir, paths, exclude)
       const bytes = await exportTar(dir, operands, ch, {
         // the repository is read as the turn user; the baseline is root's
         user: tree === "repo" ? this.options.owner : undefined

@@ -21,6 +21,85 @@ export interface ExportOptions {
   readonly user?: { readonly uid: number; readonly gid: number } | undefined
 }
 
+interface EntryStat {
+  readonly kind: "file" | "link" | "other"
+  readonly mode: bigint
+  readonly size: bigint
+  readonly mtimeNs: bigint
+  readonly ctimeNs: bigint
+  readonly target?: string
+}
+
+/** every non-directory entry under `dir` (less top-level `exclude`), by relative path */
+const walkEntries = async (dir: string, exclude: ReadonlyArray<string>): Promise<Map<string, EntryStat>> => {
+  const out = new Map<string, EntryStat>()
+  const pending = [""]
+  while (pending.length > 0) {
+    const rel = pending.pop()!
+    let names: Array<string>
+    try {
+      names = await fs.readdir(rel === "" ? dir : `${dir}/${rel}`)
+    } catch {
+      continue
+    }
+    for (const name of names) {
+      if (rel === "" && exclude.includes(name)) continue
+      const relPath = rel === "" ? name : `${rel}/${name}`
+      const full = `${dir}/${relPath}`
+      const stat = await fs.lstat(full, { bigint: true })
+      if (stat.isDirectory()) {
+        pending.push(relPath)
+        continue
+      }
+      const kind = stat.isFile() ? "file" : stat.isSymbolicLink() ? "link" : "other"
+      out.set(relPath, {
+        kind,
+        mode: stat.mode,
+        size: stat.size,
+        mtimeNs: stat.mtimeNs,
+        ctimeNs: stat.ctimeNs,
+        ...(kind === "link" ? { target: await fs.readlink(full) } : {})
+      })
+    }
+  }
+  return out
+}
+
+const same = (a: EntryStat, b: EntryStat): boolean =>
+  a.kind === b.kind &&
+  a.mode === b.mode &&
+  a.size === b.size &&
+  a.mtimeNs === b.mtimeNs &&
+  a.ctimeNs === b.ctimeNs &&
+  a.target === b.target
+
+/**
+ * The entries that differ between the repository and the baseline, per tree: a file or link
+ * whose type, mode, size, mtime, ctime or target differs, or that is on one side only. The
+ * repository disk is a block-level overlay of the baseline, so an untouched file keeps even its
+ * ctime (which no user can set back); after a tar transfer the baseline is a copy and every
+ * file counts as changed (the whole tree goes, as before). Directories are not listed: their
+ * files are, and the extractor makes their parents.
+ */
+export const changedEntries = async (
+  repoDir: string,
+  baseDir: string,
+  exclude: ReadonlyArray<string>
+): Promise<{ readonly repo: ReadonlyArray<string>; readonly baseline: ReadonlyArray<string> }> => {
+  const [repo, base] = await Promise.all([walkEntries(repoDir, exclude), walkEntries(baseDir, exclude)])
+  const inRepo: Array<string> = []
+  const inBase: Array<string> = []
+  for (const [rel, entry] of repo) {
+    const old = base.get(rel)
+    if (old === undefined || !same(entry, old)) {
+      inRepo.push(`./${rel}`)
+      if (old !== undefined) inBase.push(`./${rel}`)
+    }
+  }
+  for (const rel of base.keys()) if (!repo.has(rel)) inBase.push(`./${rel}`)
+  return { repo: inRepo.sort(), baseline: inBase.sort() }
+}
+
 /** two zero blocks: the archive of nothing */
 const EMPTY_TAR = new Uint8Array(1024)
 
@@ -58,13 +137,22 @@ export const exportTar = async (
   }
   // cwd, not -C: the child enters the directory before it drops to the user (libuv), so a
   // repository under directories the user cannot traverse (FakeVmm's temp dirs) is readable
-  const child = spawn("tar", ["-c", "-f", "-", ...operands], {
+  // many operands (a changed set) go on stdin (-T -): no argv limit
+  const fromStdin = operands.length > 64
+  if (fromStdin && operands.some((operand) => operand.includes("\n"))) {
+    throw new Error("a file name holds a newline: it cannot be listed for tar")
+  }
+  const child = spawn("tar", ["-c", "-f", "-", ...(fromStdin ? ["-T", "-"] : operands)], {
     cwd: dir,
-    stdio: ["ignore", "pipe", "pipe"],
+    stdio: [fromStdin ? "pipe" : "ignore", "pipe", "pipe"],
     ...(options.user === undefined ? {} : { uid: options.user.uid, gid: options.user.gid })
   })
+  if (fromStdin) {
+    child.stdin?.on("error", () => undefined)
+    child.stdin?.end(operands.join("\n") + "\n")
+  }
   let stderr = ""
-  child.stderr.on("data", (chunk: Buffer) => {
+  child.stderr?.on("data", (chunk: Buffer) => {
     if (stderr.length < 4096) stderr += chunk.toString("utf8")
   })
   const exited = new Promise<number | null>((resolve, reject) => {
@@ -73,7 +161,7 @@ export const exportTar = async (
   })
   let bytes = 0
   try {
-    for await (const chunk of child.stdout as AsyncIterable<Buffer>) {
+    for await (const chunk of child.stdout! as AsyncIterable<Buffer>) {
       bytes += chunk.length
       await sink.write(chunk)
     }

@@ -489,7 +489,8 @@ const connect = (
             channel: id,
             tree: request.tree,
             paths: [...request.paths],
-            exclude: [...(request.exclude ?? [])]
+            exclude: [...(request.exclude ?? [])],
+            ...(request.changed === true ? { changed: true } : {})
           })
           // a refusal or a disconnect: the channel is destroyed first, which ends a pending read
           // (an async iterator's return() would wait for it)

@@ -195,11 +195,18 @@ const fetchTrees = (connection: GuestConnection) =>
     const base = path.join(work, "base")
     const repo = path.join(work, "repo")
     const gitDir = path.join(work, "objects.git")
+    // only what differs: a diff costs what changed, not the size of the tree
     yield* extractUntrusted(
-      connection.exportTree({ tree: "baseline", paths: [], exclude: DIFF_EXCLUDE }),
+      connection.exportTree({ tree: "baseline", paths: [], exclude: DIFF_EXCLUDE, changed: true }),
       base
     )
-    yield* extractUntrusted(connection.exportTree({ tree: "repo", paths: [], exclude: DIFF_EXCLUDE }), repo)
+    yield* extractUntrusted(
+      connection.exportTree({ tree: "repo", paths: [], exclude: DIFF_EXCLUDE, changed: true }),
+      repo
+    )
+    yield* Effect.promise(() =>
+      Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })])
+    )
     yield* git(["init", "-q", "--bare", gitDir])
     const baseTree = yield* writeTree(gitDir, base, work)
     const repoTree = yield* writeTree(gitDir, repo, work)

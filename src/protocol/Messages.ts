@@ -86,7 +86,12 @@ export const ExportBegin = msg("export_begin", {
   channel: Schema.Number,
   tree: ExportTree,
   paths: Schema.Array(Schema.String),
-  exclude: Schema.Array(Schema.String)
+  exclude: Schema.Array(Schema.String),
+  /**
+   * only the files and links that differ between the repository and the baseline (type, mode,
+   * size, mtime, ctime, link target), or are on one side only; `paths` is then ignored
+   */
+  changed: Schema.optional(Schema.Boolean)
 })
 export const Shutdown = msg("shutdown", {})
 export const TunnelAccept = msg("tunnel_accept", { channel: Schema.Number })

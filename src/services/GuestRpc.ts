@@ -101,6 +101,8 @@ export interface ExportRequest {
   readonly paths: ReadonlyArray<string>
   /** top-level names left out when `paths` is empty */
   readonly exclude?: ReadonlyArray<string> | undefined
+  /** only what differs between the repository and the baseline (for a diff) */
+  readonly changed?: boolean | undefined
 }
 
 export interface GuestRpcOptions {
