@@ -4,7 +4,8 @@
  * the guest); an agent-like turn edits, adds, deletes, renames, chmods and writes binary files;
  * `diff | git apply` on a clean copy of the source equals the guest's tree byte for byte;
  * `apply` refuses a changed source; cp both ways; then, stopped, the session boots again for a
- * diff, its work still on its own disks.
+ * diff, its work still on its own disks. (Sparse files and free space: test/repoDisk.test.ts,
+ * without a VM.)
  */
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
@@ -44,7 +45,6 @@ const layerFor = (home: string) =>
     Layer.provideMerge(NodeFileSystem.layer)
   )
 
-const GiB = 1024 * 1024 * 1024
 const t0 = Date.now()
 /** where a slow run spends its time (stderr) */
 const step = (label: string) =>
@@ -59,11 +59,6 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
         yield* Effect.promise(() => ensureTestImage())
         fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
         const source = sourceRepo()
-        // a 3 GiB sparse file: holes kept (the disk is built in seconds, the host stores no zeros)
-        const sparse = fs.openSync(path.join(source, "sparse.img"), "w")
-        fs.ftruncateSync(sparse, 3 * GiB)
-        fs.writeSync(sparse, "end", 3 * GiB - 3)
-        fs.closeSync(sparse)
         // the source path is itself a symlink: resolved once
         const link = path.join(home, "source-link")
         fs.symlinkSync(source, link)
@@ -74,24 +69,20 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
             const session = yield* open({ source: link, memoryMiB: 512 })
             expect(session.meta.source).toBe(fs.realpathSync(source))
             expect(session.hello.repoDisk).toBe(true)
-            const base = path.join(session.dir, "repo-base.raw")
-            expect(fs.statSync(base).blocks * 512).toBeLessThan(512 * 1024 * 1024)
+            expect(fs.existsSync(path.join(session.dir, "repo-base.raw"))).toBe(true)
             expect(fs.existsSync(path.join(session.dir, "repo.qcow2"))).toBe(true)
 
             const facts = yield* runTurn(
               session.connection,
-              "stat -c '%u:%g %a %n' . run.sh 'back\\slash.txt' empty-dir; stat -c '%s' sparse.img; readlink outside-link; dd if=sparse.img bs=1 skip=3221225469 count=3 2>/dev/null; echo"
+              "stat -c '%u:%g %a %n' . run.sh 'back\\slash.txt' empty-dir; readlink outside-link; ls -a; mount | grep /work/repo"
             )
             expect(facts).toContain("1000:1000 755 .")
             expect(facts).toContain("1000:1000 644 run.sh")
             expect(facts).toContain("1000:1000 644 back\\slash.txt")
             expect(facts).toContain("1000:1000 755 empty-dir")
-            expect(facts).toContain(String(3 * GiB))
             expect(facts).toContain("/etc/hostname")
-            expect(facts).toContain("end")
-            // the sparse file is not part of what follows
-            yield* runTurn(session.connection, "rm sparse.img")
-            fs.rmSync(path.join(source, "sparse.img"))
+            expect(facts).not.toContain("lost+found")
+            expect(facts).toMatch(/on \/work\/repo type ext4/)
 
             yield* step("agent turn")
             expect(yield* runTurn(session.connection, AGENT_TURN)).toContain("done")
@@ -104,7 +95,6 @@ describe.skipIf(skip !== undefined)("repository in and out of a real VM", () => 
             expect(patch).toContain("GIT binary patch")
             expect(patch).toContain("rename from src/old-name.txt")
             expect(patch).toContain("old mode 100644\nnew mode 100755")
-            expect(patch).not.toContain("sparse.img")
             yield* step("git apply")
             const copy = applyToCopy(source, patch)
             expect(withoutEmptyDirs(manifest(copy, [".git"]))).toEqual(
