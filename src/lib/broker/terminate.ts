@@ -196,7 +196,8 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Duplex) => {
       const tooLarge = error.code === "HPE_HEADER_OVERFLOW"
       if (tooLarge) deny("header-too-large")
-      else if (error.code !== "ECONNRESET") deny("bad-request")
+      // a parse error is a bad request; a socket error (the guest went away) is not one
+      else if (error.code?.startsWith("HPE_") === true) deny("bad-request")
       if (socket.writable)
         socket.end(
           tooLarge
