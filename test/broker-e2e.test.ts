@@ -23,7 +23,13 @@ import type { BrokerPolicyEncoded } from "../src/lib/broker/policy.js"
 import { decodePolicy } from "../src/lib/broker/policy.js"
 import { GuestConfig } from "../src/protocol/GuestConfig.js"
 import type { TunnelRequest } from "../src/services/GuestRpc.js"
-import { connectThroughProxy, duplexPair, inMemoryTunnel, startUpstream } from "./support/brokerHarness.js"
+import {
+  clientHelloBytes,
+  connectThroughProxy,
+  duplexPair,
+  inMemoryTunnel,
+  startUpstream
+} from "./support/brokerHarness.js"
 
 const run = promisify(execFile)
 const hasCurl = await run("curl", ["--version"]).then(
@@ -563,6 +569,75 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
       )
   )
 
+  it.live(
+    "pass-through hosts: the ClientHello must name the CONNECT host (no fronting, no missing SNI, no plain bytes)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup({
+            policy: (port) => ({
+              format: 1,
+              allow: [{ host: NAME, ports: [port] }],
+              resolve: { [NAME]: "127.0.0.1" }
+            })
+          })
+          const target = `${NAME}:${env.upstream.port}`
+          const attempt = (servername: string) =>
+            Effect.promise(async () => {
+              const opened = await connectThroughProxy(env.proxy.port, target)
+              if (!opened.ok) throw new Error(`CONNECT refused: ${opened.head}`)
+              // the name is checked by the broker, not by this client: a front end serving many
+              // tenants would present a certificate valid for both names
+              const socket = tls.connect({
+                socket: opened.socket,
+                servername,
+                ca: [env.upstream.caPem],
+                checkServerIdentity: () => undefined
+              })
+              return await new Promise<string>((resolve) => {
+                socket.once("secureConnect", () => {
+                  socket.destroy()
+                  resolve("ok")
+                })
+                socket.once("error", (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message))
+              })
+            })
+          // another tenant's name behind the same front end: refused before a byte goes upstream
+          expect(yield* attempt("evil.test")).not.toBe("ok")
+          // no SNI at all (node sends none for an empty servername)
+          expect(yield* attempt("")).not.toBe("ok")
+          // plain bytes instead of TLS
+          const plain = yield* Effect.promise(async () => {
+            const opened = await connectThroughProxy(env.proxy.port, target)
+            if (!opened.ok) throw new Error("CONNECT refused")
+            opened.socket.resume()
+            opened.socket.write(`GET /hello HTTP/1.1\r\nHost: evil.test\r\n\r\n`)
+            return opened.socket
+          })
+          expect(yield* readAll(plain)).toBe("")
+          expect(env.upstream.seen).toHaveLength(0)
+          // the right name still works
+          expect(yield* attempt(NAME)).toBe("ok")
+          yield* env.session.active.pipe(
+            Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+            Effect.timeout("5 seconds")
+          )
+          const log = yield* env.logEntries
+          expect(log.filter((e) => e.decision === "deny").map((e) => [e.event, e.reason])).toEqual([
+            ["request", "sni-mismatch"],
+            ["request", "sni-missing"],
+            ["request", "not-tls"]
+          ])
+          expect(log.filter((e) => e.event === "close").map((e) => e.reason)).toEqual([
+            "sni-mismatch",
+            "sni-missing",
+            "not-tls",
+            undefined
+          ])
+        })
+      )
+  )
+
   it.live("a bounded number of concurrent tunnels per session", () =>
     scoped(
       Effect.gen(function* () {
@@ -607,7 +682,7 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
         const opened = yield* Effect.promise(() => tunnel.result)
         expect(opened.ok).toBe(true)
         if (!opened.ok) return
-        opened.stream.write("hello")
+        opened.stream.write(yield* Effect.promise(() => clientHelloBytes("allowed.com")))
         const ended = new Promise<void>((resolve) => opened.stream.once("close", () => resolve()))
         opened.stream.resume()
         yield* Scope.close(sessionScope, Exit.void).pipe(

@@ -18,6 +18,7 @@ import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import { makeSessionCa } from "../lib/broker/ca.js"
 import { channelDuplex } from "../lib/broker/channel.js"
+import { readClientHello } from "../lib/broker/clientHello.js"
 import {
   BROKER_LOG_FILE,
   type BrokerLogEntry,
@@ -337,6 +338,23 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
 
         if (upstream !== undefined) {
           const up = upstream
+          // nothing goes upstream before the ClientHello names the tunnel's host (no fronting)
+          const hello = yield* Effect.promise(() =>
+            readClientHello(guest.duplex, decision.host, { timeoutMs: headTimeoutMs })
+          )
+          if (!hello.ok) {
+            closeReason = hello.reason
+            if (hello.reason !== "closed-before-hello")
+              yield* log({
+                ...base,
+                event: "request",
+                decision: "deny",
+                reason: hello.reason,
+                credential: false
+              })
+            return
+          }
+          up.write(hello.head)
           ;(up as Partial<net.Socket>).setTimeout?.(idleTimeoutMs, () => {
             closeReason = "idle-timeout"
             up.destroy()

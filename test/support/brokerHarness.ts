@@ -187,3 +187,19 @@ export const connectThroughProxy = (proxyPort: number, target: string) =>
       }, reject)
     }
   )
+
+/**
+ * The first bytes node's TLS client sends for `servername` (undefined: no SNI): a real
+ * ClientHello, captured on an in-memory pair and never answered.
+ */
+export const clientHelloBytes = async (servername: string | undefined): Promise<Buffer> => {
+  const tls = await import("node:tls")
+  const [a, b] = duplexPair()
+  const first = new Promise<Buffer>((resolve) => b.once("data", (chunk: Buffer) => resolve(chunk)))
+  const socket = tls.connect({ socket: a, servername: servername ?? "", rejectUnauthorized: false })
+  socket.on("error", () => undefined)
+  const bytes = await first
+  socket.destroy()
+  b.destroy()
+  return bytes
+}
