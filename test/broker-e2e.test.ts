@@ -778,6 +778,35 @@ describe("HttpsBroker credential hosts: framing and the placeholder", () => {
       )
   )
 
+  it.live("an upstream connection whose response ended before the request body did is not reused", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup()
+        const host = `${NAME}:${env.upstream.port}`
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        // /hello answers at once, before the body has arrived
+        const early = yield* exchange(
+          socket,
+          `POST /hello HTTP/1.1\r\nHost: ${host}\r\nContent-Length: 20\r\n\r\n12345`,
+          responseComplete
+        )
+        expect(early).toMatch(/^HTTP\/1\.1 200/)
+        const next = yield* exchange(
+          socket,
+          `678901234567890GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+          (t) => responseComplete(t)
+        )
+        expect(next).toMatch(/^HTTP\/1\.1 200/)
+        socket.destroy()
+        expect(env.upstream.seen.map((r) => [r.method, r.url])).toEqual([
+          ["POST", "/hello"],
+          ["GET", "/hello"]
+        ])
+        expect(env.upstream.seen[0]!.connection).not.toBe(env.upstream.seen[1]!.connection)
+      })
+    )
+  )
+
   it.live("a transfer coding other than chunked is refused, not forwarded", () =>
     scoped(
       Effect.gen(function* () {

@@ -98,6 +98,8 @@ export interface UpstreamRequest {
   readonly headers: Readonly<Record<string, string | ReadonlyArray<string> | undefined>>
   /** the request body as received so far (latin1) */
   body: string
+  /** which upstream connection carried it (the client's port) */
+  readonly connection: number
 }
 
 /**
@@ -117,7 +119,8 @@ export const startUpstream = async (name: string) => {
       method: req.method ?? "",
       url: req.url ?? "",
       headers: { ...req.headers },
-      body: ""
+      body: "",
+      connection: req.socket.remotePort ?? 0
     }
     seen.push(record)
     const url = new URL(req.url ?? "/", "https://upstream")

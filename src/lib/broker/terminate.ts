@@ -287,6 +287,8 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
             })
           })
           upstream.on("error", (error: NodeJS.ErrnoException) => {
+            // the guest has its whole answer: a connection retired under the rest of its body
+            if (res.writableEnded) return
             // the reason is the error's code, never its message (which could quote a header)
             const reason = `upstream-${(error.code ?? "error").toLowerCase()}`
             if (!res.headersSent) {
