@@ -201,7 +201,10 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
 
     const rotate = Effect.gen(function* () {
       yield* Scope.close(current.scope, Exit.void)
-      yield* fs.rename(path, rotatedLogPath(path))
+      // a failed rename keeps appending to the same file rather than losing the writer
+      yield* fs
+        .rename(path, rotatedLogPath(path))
+        .pipe(Effect.catchAll((error) => Effect.logWarning("broker.log rotation failed", error)))
       current = yield* openFile
     })
 
