@@ -96,6 +96,13 @@ describe("archives from the guest", () => {
     })
   )
 
+  it.effect("the refusal quotes the guest's names without their control characters", () =>
+    Effect.map(refused(tar([{ path: "\u001b[2J\u009b31m/../../x", data: "x" }])), (m) => {
+      expect(m).toContain("'..'")
+      expect(m).not.toMatch(/[\u0000-\u001f\u007f-\u009f]/)
+    })
+  )
+
   it.effect("a device file is refused", () =>
     Effect.map(refused(tar([{ path: "null", type: "3" }])), (m) => expect(m).toContain("CharacterDevice"))
   )

@@ -7,6 +7,7 @@ import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import { escapeControl } from "../lib/text.js"
 import * as Repo from "../programs/repo.js"
 import * as readline from "node:readline"
 import { writeJsonAtomic } from "../lib/atomicFile.js"
@@ -97,7 +98,11 @@ export const interactive = (session: Session) =>
         yield* Repo.diff(session.connection, { stat: text.endsWith("--stat") }).pipe(
           Effect.matchEffect({
             onSuccess: (patch) =>
-              Effect.sync(() => process.stdout.write(patch === "" ? "(no changes)\n" : patch)),
+              Effect.sync(() =>
+                process.stdout.write(
+                  patch === "" ? "(no changes)\n" : escapeControl(patch, { keepNewlines: true })
+                )
+              ),
             onFailure: (error) => Effect.sync(() => process.stderr.write(`abox: ${error.message}\n`))
           })
         )

@@ -12,6 +12,7 @@ import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
 import { ExtractError, extractTar } from "../guest/extract.js"
 import { ArchiveRefused } from "../services/RepoErrors.js"
+import { escapeControl } from "./text.js"
 
 export interface UntrustedLimits {
   /** file bytes in all */
@@ -44,9 +45,10 @@ export const extractUntrusted = <E>(
           errors.length > 0
             ? Effect.fail(errors[0]!)
             : Effect.fail(
+                // the reason quotes names the guest chose: printable only
                 new ArchiveRefused({
-                  reason: cause instanceof ExtractError ? cause.reason : String(cause),
-                  message: `the guest's archive was refused: ${cause instanceof Error ? cause.message : String(cause)}`
+                  reason: escapeControl(cause instanceof ExtractError ? cause.reason : String(cause)),
+                  message: `the guest's archive was refused: ${escapeControl(cause instanceof Error ? cause.message : String(cause))}`
                 })
               )
         )

@@ -6,6 +6,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
 import * as Repo from "../../programs/repo.js"
+import { escapeControl } from "../../lib/text.js"
 import { RepoPathInvalid } from "../../services/RepoErrors.js"
 import { edge, printJson } from "../render.js"
 import { json } from "./list.js"
@@ -50,7 +51,13 @@ export const diffCommand = Command.make(
               new RepoPathInvalid({ path: file, message: `cannot write ${file}: ${String(cause)}` })
           })
         } else {
-          yield* Effect.sync(() => process.stdout.write(patch))
+          // byte for byte into a pipe or file (`abox diff | git apply`); on a terminal the guest's
+          // text cannot move the cursor or rewrite lines
+          yield* Effect.sync(() =>
+            process.stdout.write(
+              process.stdout.isTTY === true ? escapeControl(patch, { keepNewlines: true }) : patch
+            )
+          )
         }
       })
     )
@@ -82,7 +89,7 @@ export const applyCommand = Command.make(
         if (args.json) return yield* printJson({ applied: !args.check, to, paths: touched })
         yield* Console.error(
           `abox: ${args.check ? "would apply" : "applied"} ${touched.length} path(s) to ${to}` +
-            (touched.length > 0 ? `:\n  ${touched.join("\n  ")}` : "")
+            (touched.length > 0 ? `:\n  ${touched.map((p) => escapeControl(p)).join("\n  ")}` : "")
         )
       })
     )
