@@ -10,6 +10,7 @@
  * as well, so that nothing moved out of the phase goes unseen.
  */
 import * as Effect from "effect/Effect"
+import { spawnSync } from "node:child_process"
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -107,7 +108,12 @@ const openOnce = (ctx: BenchContext, tree: string): Promise<OpenTimes> =>
 const figureFor = async (ctx: BenchContext, make: (root: string) => string): Promise<Figure> => {
   await image()
   const tree = make(fs.mkdtempSync(path.join(ctx.tmp, "repo-tree-")))
+  // every measurement starts with no dirty pages from the one before (the tree just written,
+  // the previous copy): the kernel's write-back throttling would otherwise land on whoever
+  // writes next
+  const settle = () => void spawnSync("sync")
   const tarMs = () => {
+    settle()
     const target = fs.mkdtempSync(path.join(ctx.tmp, "untar-"))
     const ms = timeOnce(["sh", "-c", `tar -C '${tree}' -cf - . | tar -C '${target}' -xf -`])
     fs.rmSync(target, { recursive: true, force: true })
@@ -119,6 +125,7 @@ const figureFor = async (ctx: BenchContext, make: (root: string) => string): Pro
   const opens: Array<OpenTimes> = []
   const floor: Array<number> = []
   for (let i = 0; i < runs; i++) {
+    settle()
     opens.push(await openOnce(ctx, tree))
     floor.push(tarMs())
   }
