@@ -46,7 +46,7 @@ const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
 )
 const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))
 
-const bootOptions = (args: {
+export const bootOptions = (args: {
   readonly model: Option.Option<string>
   readonly cpus: Option.Option<number>
   readonly memory: Option.Option<number>
