@@ -31,6 +31,7 @@ import {
 } from "../protocol/Control.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import {
+  type TurnEvent,
   GuestDisconnected,
   GuestTimeout,
   GuestTooNew,
@@ -333,3 +334,37 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
     })
   )
 })
+
+/**
+ * One turn in a running session, as the in-process `Session.turn` gives it: the guest's events,
+ * then `End`. Interrupting the stream (leaving a loop early) cancels the turn, as in-process.
+ */
+export const remoteTurn = (ref: string, text: string): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
+  Stream.unwrapScoped(
+    Effect.gen(function* () {
+      const connection = yield* connect(ref)
+      yield* connection.send({ type: "turn", text })
+      let ended = false
+      yield* Effect.addFinalizer(() => (ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)))
+      return connection.replies.pipe(
+        Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
+        Stream.mapEffect((reply): Effect.Effect<Option.Option<TurnEvent>, RemoteError> => {
+          switch (reply.type) {
+            case "event":
+              return Effect.succeed(Option.some({ _tag: "Event", event: reply.event }))
+            case "turn_end":
+              ended = true
+              return Effect.succeed(
+                Option.some({ _tag: "End", exitCode: reply.exitCode, signal: reply.signal, cancelled: reply.cancelled })
+              )
+            case "error":
+              ended = true
+              return Effect.fail(remoteError(reply.error))
+            default:
+              return Effect.succeed(Option.none())
+          }
+        }),
+        Stream.filterMap((event) => event)
+      )
+    })
+  )
