@@ -16,6 +16,7 @@ import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
@@ -25,7 +26,7 @@ import { FakeImages } from "../src/layers/Lifecycle.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import type { ControlReply, TurnRequest } from "../src/protocol/Control.js"
-import { connect, status, statusIfRunning, stop } from "../src/programs/detached.js"
+import { connect, forward, status, statusIfRunning, stop } from "../src/programs/detached.js"
 import { open, resume } from "../src/programs/session.js"
 import { controlSocketPath, supervise } from "../src/programs/supervisor.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
@@ -235,6 +236,76 @@ describe("detached supervisor (FakeVmm)", () => {
       expect((yield* status("stale")).sessionId).toBe(id)
       yield* stop("stale")
       expect(yield* Fiber.join(fiber)).toBe("stop")
+    }).pipe(Effect.provide(layerFor(home)))
+  }, 120_000)
+
+  it.scopedLive("forward: a host port reaches 127.0.0.1:<port> in the guest (here the fake guest is this host) both ways, ends passed on; a closed port is refused", () => {
+    const home = tempDir("abox-home-")
+    return Effect.gen(function* () {
+      // the "guest" service: reads until EOF, answers in upper case, then ends
+      const service = yield* Effect.acquireRelease(
+        Effect.async<net.Server>((resume) => {
+          const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+            let got = ""
+            socket.on("data", (d: Buffer) => (got += d.toString()))
+            socket.on("end", () => socket.end(got.toUpperCase()))
+          })
+          server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+        }),
+        (server) => Effect.sync(() => server.close())
+      )
+      const servicePort = (service.address() as net.AddressInfo).port
+      const ready = yield* Deferred.make<void>()
+      const supervisor = yield* supervise(open({ source: source(), name: "fwd" }), {
+        onReady: () => Deferred.succeed(ready, undefined)
+      }).pipe(Effect.fork)
+      yield* Deferred.await(ready)
+
+      const listening = yield* Deferred.make<number>()
+      const refused: Array<string> = []
+      const forwarding = yield* forward("fwd", servicePort, 0, {
+        onListening: (port) => Deferred.succeed(listening, port),
+        onRefused: (error) => Effect.sync(() => refused.push(error._tag))
+      }).pipe(Effect.scoped, Effect.fork)
+      const hostPort = yield* Deferred.await(listening)
+      const roundTrip = (port: number, text: string) =>
+        Effect.async<string>((resume) => {
+          const socket = net.connect({ port, host: "127.0.0.1", allowHalfOpen: true })
+          let got = ""
+          socket.on("data", (d: Buffer) => (got += d.toString()))
+          socket.on("close", () => resume(Effect.succeed(got)))
+          socket.on("error", () => undefined)
+          socket.end(text)
+        })
+      // two connections at once, each its own channel; a big one crosses many frames and windows
+      const big = "x".repeat(3 * 1024 * 1024)
+      const [small, large] = yield* Effect.all([roundTrip(hostPort, "hello forward"), roundTrip(hostPort, big)], {
+        concurrency: 2
+      })
+      expect(small).toBe("HELLO FORWARD")
+      expect(large.length).toBe(big.length)
+      expect(large).toBe(big.toUpperCase())
+
+      // a port nobody listens on in the guest: the connection is closed, the refusal reported
+      const closedPort = yield* Effect.async<number>((resume) => {
+        const probe = net.createServer().listen(0, "127.0.0.1", () => {
+          const port = (probe.address() as net.AddressInfo).port
+          probe.close(() => resume(Effect.succeed(port)))
+        })
+      })
+      const listening2 = yield* Deferred.make<number>()
+      const forwarding2 = yield* forward("fwd", closedPort, 0, {
+        onListening: (port) => Deferred.succeed(listening2, port),
+        onRefused: (error) => Effect.sync(() => refused.push(error._tag))
+      }).pipe(Effect.scoped, Effect.fork)
+      expect(yield* roundTrip(yield* Deferred.await(listening2), "anyone?")).toBe("")
+      expect(refused).toEqual(["ForwardRefused"])
+
+      // the forwards end when the session stops
+      yield* stop("fwd")
+      expect(yield* Fiber.join(supervisor)).toBe("stop")
+      yield* Fiber.join(forwarding)
+      yield* Fiber.join(forwarding2)
     }).pipe(Effect.provide(layerFor(home)))
   }, 120_000)
 })

@@ -8,7 +8,7 @@ import { doctorCommand, gcCommand, logs } from "./commands/maintenance.js"
 import { scrub } from "./commands/scrub.js"
 import { openCommand, resumeCommand, run } from "./commands/session.js"
 import { show } from "./commands/show.js"
-import { attachCommand, execCommand, startCommand, stopCommand, superviseCommand } from "./commands/detached.js"
+import { attachCommand, execCommand, forwardCommand, startCommand, stopCommand, superviseCommand } from "./commands/detached.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
 const subcommands = [
@@ -28,6 +28,7 @@ const subcommands = [
   execCommand,
   attachCommand,
   stopCommand,
+  forwardCommand,
   superviseCommand
 ] as const
 

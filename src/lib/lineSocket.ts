@@ -100,12 +100,16 @@ export const readLines = (lines: LineSocket): Stream.Stream<string, ControlError
 
 /** write one line; waits until the socket took it (back pressure) */
 export const writeLine = (socket: net.Socket, line: string): Effect.Effect<void, ControlError> =>
+  writeBytes(socket, line + "\n")
+
+/** write bytes; waits until the socket took them (back pressure) */
+export const writeBytes = (socket: net.Socket, data: string | Uint8Array): Effect.Effect<void, ControlError> =>
   Effect.async<void, ControlError>((resume) => {
     if (socket.destroyed || !socket.writable) {
       resume(Effect.fail(new ControlError({ reason: "closed", message: "the control connection is closed" })))
       return
     }
-    socket.write(line + "\n", (error) =>
+    socket.write(data, (error) =>
       resume(
         error === undefined || error === null
           ? Effect.void
@@ -119,7 +123,8 @@ export const connectUnix = (
   socketPath: string
 ): Effect.Effect<net.Socket, { readonly refused: boolean; readonly message: string }> =>
   Effect.async((resume) => {
-    const socket = net.connect(socketPath)
+    // half-open: a forward passes each direction's end on by itself
+    const socket = net.connect({ path: socketPath, allowHalfOpen: true })
     const onError = (error: NodeJS.ErrnoException) => {
       socket.destroy()
       resume(
@@ -168,7 +173,7 @@ export const listenUnix = (socketPath: string) =>
     )
     yield* Effect.acquireRelease(
       Effect.async<net.Server, ControlError>((resume) => {
-        const server = net.createServer((socket) => {
+        const server = net.createServer({ allowHalfOpen: true }, (socket) => {
           if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
         })
         server.once("error", (cause) =>
@@ -200,4 +205,59 @@ export const listenUnix = (socketPath: string) =>
         })
     )
     return connections as Queue.Dequeue<net.Socket>
+  })
+
+/** the bytes a socket receives, from now until its end */
+export const socketBytes = (socket: net.Socket): Stream.Stream<Uint8Array, ControlError> =>
+  Stream.fromAsyncIterable(
+    // not destroyed at the end of the iteration: the other direction may still be writing
+    { [Symbol.asyncIterator]: () => socket.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array> },
+    (cause) => new ControlError({ reason: "read", message: `socket: ${describe(cause)}` })
+  )
+
+/**
+ * Listens on 127.0.0.1:<port> (0: any free port); accepted connections come out of the queue;
+ * the server closes with the scope.
+ */
+export const listenLoopback = (port: number) =>
+  Effect.gen(function* () {
+    const connections = yield* Effect.acquireRelease(Queue.unbounded<net.Socket>(), (queue) =>
+      Effect.flatMap(Queue.takeAll(queue), (sockets) =>
+        Effect.sync(() => Chunk.forEach(sockets, (s) => s.destroy()))
+      ).pipe(Effect.zipRight(Queue.shutdown(queue)))
+    )
+    const server = yield* Effect.acquireRelease(
+      Effect.async<net.Server, ControlError>((resume) => {
+        const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+          if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
+        })
+        server.once("error", (cause) =>
+          resume(Effect.fail(new ControlError({ reason: "listen", message: `127.0.0.1:${port}: ${describe(cause)}` })))
+        )
+        server.listen(port, "127.0.0.1", () => resume(Effect.succeed(server)))
+      }),
+      (server) => Effect.sync(() => server.close())
+    )
+    const address = server.address()
+    return { connections: connections as Queue.Dequeue<net.Socket>, port: typeof address === "object" && address !== null ? address.port : port }
+  })
+
+/** two sockets joined both ways (each end passed on), until both are closed; `first` goes to `b` first */
+export const splice = (a: net.Socket, b: net.Socket, first: Uint8Array): Effect.Effect<void> =>
+  Effect.async<void>((resume) => {
+    let closed = 0
+    const onClose = () => {
+      if (++closed === 2) resume(Effect.void)
+    }
+    a.once("close", onClose)
+    b.once("close", onClose)
+    a.on("error", () => b.destroy())
+    b.on("error", () => a.destroy())
+    if (first.length > 0) b.write(first)
+    a.pipe(b)
+    b.pipe(a)
+    return Effect.sync(() => {
+      a.destroy()
+      b.destroy()
+    })
   })

@@ -8,6 +8,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import { spawn } from "node:child_process"
@@ -15,7 +16,7 @@ import * as fs from "node:fs"
 import type * as net from "node:net"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { connectUnix, LineSocket, readLine, writeLine } from "../lib/lineSocket.js"
+import { connectUnix, LineSocket, listenLoopback, readLine, splice, writeLine } from "../lib/lineSocket.js"
 import { SourceInvalid } from "../lib/snapshot.js"
 import {
   ControlError,
@@ -32,6 +33,7 @@ import {
 import { AboxPaths } from "../services/AboxPaths.js"
 import {
   type TurnEvent,
+  ForwardRefused,
   GuestDisconnected,
   GuestTimeout,
   GuestTooNew,
@@ -82,7 +84,8 @@ const KnownError = Schema.Union(
   BrokerPolicyError,
   BrokerError,
   SessionNotRunning,
-  ControlError
+  ControlError,
+  ForwardRefused
 )
 export type RemoteError = typeof KnownError.Type | ControlRefused
 const decodeKnown = Schema.decodeUnknownEither(KnownError)
@@ -203,6 +206,8 @@ export interface ControlConnection {
   readonly next: Effect.Effect<Option.Option<ControlReply>, ControlError>
   /** every reply until the connection ends */
   readonly replies: Stream.Stream<ControlReply, ControlError>
+  /** leave line mode (after `forward_ok`): the bytes already read past the last line */
+  readonly takeRaw: () => Buffer
 }
 
 /**
@@ -242,6 +247,7 @@ export const connect = Effect.fn("detached.connect")(function* (ref: string) {
     socket,
     send: (request: ControlRequest) => writeLine(socket, encodeRequest(request)),
     next,
+    takeRaw: () => lines.takeRaw(),
     replies: Stream.repeatEffectOption(
       next.pipe(
         Effect.mapError(Option.some),
@@ -368,3 +374,48 @@ export const remoteTurn = (ref: string, text: string): Stream.Stream<TurnEvent, 
       )
     })
   )
+
+export interface ForwardOptions {
+  /** told once the host port listens (with the port, useful when 0 was asked) */
+  readonly onListening?: ((port: number) => Effect.Effect<void>) | undefined
+  /** told when a connection could not be forwarded (the guest refused it, …) */
+  readonly onRefused?: ((error: RemoteError) => Effect.Effect<void>) | undefined
+}
+
+/**
+ * `abox forward`: listens on 127.0.0.1:<hostPort> (never another address); each connection gets
+ * its own control connection asking for a forward to 127.0.0.1:<guestPort> in the guest. Runs
+ * until interrupted or the session closes (a watching connection tells).
+ */
+export const forward = Effect.fn("detached.forward")(function* (
+  ref: string,
+  guestPort: number,
+  hostPort: number,
+  options: ForwardOptions = {}
+) {
+  const watch = yield* connect(ref)
+  yield* watch.send({ type: "attach", typist: false })
+  const listener = yield* listenLoopback(hostPort)
+  if (options.onListening !== undefined) yield* options.onListening(listener.port)
+  const one = (tcp: net.Socket) =>
+    Effect.gen(function* () {
+      yield* Effect.addFinalizer(() => Effect.sync(() => tcp.destroy()))
+      tcp.pause()
+      const connection = yield* connect(ref)
+      yield* connection.send({ type: "forward", port: guestPort })
+      const reply = yield* connection.next
+      if (Option.isNone(reply)) return
+      if (reply.value.type === "error") {
+        if (options.onRefused !== undefined) yield* options.onRefused(remoteError(reply.value.error))
+        return
+      }
+      // what the supervisor sent past forward_ok is the guest's first bytes: to the TCP client first
+      yield* splice(connection.socket, tcp, connection.takeRaw())
+    }).pipe(Effect.scoped, Effect.ignore)
+  const serveAll = Queue.take(listener.connections).pipe(
+    Effect.flatMap((tcp) => Effect.forkScoped(one(tcp))),
+    Effect.forever
+  )
+  // the session closing ends the watching connection
+  yield* Effect.raceFirst(serveAll, Stream.runDrain(watch.replies).pipe(Effect.ignore))
+})

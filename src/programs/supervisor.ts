@@ -20,7 +20,15 @@ import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import * as SubscriptionRef from "effect/SubscriptionRef"
 import type * as net from "node:net"
-import { LineSocket, listenUnix, readLine, readLines, writeLine } from "../lib/lineSocket.js"
+import {
+  LineSocket,
+  listenUnix,
+  readLine,
+  readLines,
+  socketBytes,
+  writeBytes,
+  writeLine
+} from "../lib/lineSocket.js"
 import { sessionSocketPath } from "../lib/socketPath.js"
 import {
   CONTROL_VERSION,
@@ -259,6 +267,29 @@ const serve = Effect.fn("supervisor.serve")(function* (
       yield* Effect.raceFirst(watch, input).pipe(Effect.ignore)
     })
 
+  /**
+   * a `forward` connection: after `forward_ok` its bytes go to 127.0.0.1:<port> in the guest
+   * over a protocol channel, and back; each direction's end is passed on as an EOF
+   */
+  const forward = (port: number, lines: LineSocket, send: Send) =>
+    Effect.gen(function* () {
+      const channel = yield* session.connection.forward(port).pipe(
+        Effect.tapError((error) => send({ type: "error", error: errorFields(error) }).pipe(Effect.ignore))
+      )
+      yield* send({ type: "forward_ok", port })
+      const socket = lines.socket
+      const rest = lines.takeRaw()
+      const up = Effect.gen(function* () {
+        if (rest.length > 0) yield* channel.write(rest)
+        yield* Stream.runForEach(socketBytes(socket), (chunk) => channel.write(chunk))
+        yield* channel.end
+      })
+      const down = Stream.runForEach(channel.read, (chunk) => writeBytes(socket, chunk)).pipe(
+        Effect.zipRight(Effect.sync(() => socket.end()))
+      )
+      yield* Effect.all([up, down], { concurrency: 2, discard: true })
+    })
+
   /** what an attached client may send after `attach` */
   const typed = (client: number, isTypist: boolean, request: ControlRequest, send: Send) => {
     if (request.type === "cancel") {
@@ -317,10 +348,8 @@ const serve = Effect.fn("supervisor.serve")(function* (
           return yield* exec(client, request, lines, send)
         case "attach":
           return yield* attach(client, request.typist, lines, send)
-        case "forward": {
-          const error = new ControlError({ reason: "unsupported", message: "port forwarding is not available" })
-          return yield* send({ type: "error", error: errorFields(error) })
-        }
+        case "forward":
+          return yield* forward(request.port, lines, send)
         case "cancel": {
           const error = new ControlError({ reason: "bad request", message: "cancel: no turn on this connection" })
           return yield* send({ type: "error", error: errorFields(error) })

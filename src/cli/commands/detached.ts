@@ -13,7 +13,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { ControlError, encodeReadyLine, errorFields, type ControlReply } from "../../protocol/Control.js"
-import { connect, decodeSpec, READY_FD, remoteError, startDetached, stop, type SuperviseSpec } from "../../programs/detached.js"
+import { connect, decodeSpec, forward, READY_FD, remoteError, startDetached, stop, type SuperviseSpec } from "../../programs/detached.js"
 import { open, resume, type Session } from "../../programs/session.js"
 import { supervise } from "../../programs/supervisor.js"
 import { CliExit, edge, printJson } from "../render.js"
@@ -380,5 +380,42 @@ export const attachCommand = Command.make(
 ).pipe(
   Command.withDescription(
     "the interactive mode of a running session: every client sees every turn; the first that asks types"
+  )
+)
+
+// ---- forward ----
+
+const portArg = (name: string) =>
+  Args.integer({ name }).pipe(
+    Args.mapEffect((port) =>
+      port >= 0 && port <= 65535
+        ? Effect.succeed(port)
+        : Effect.fail(HelpDoc.p(`${name}: not a port number: ${port}`))
+    )
+  )
+
+export const forwardCommand = Command.make(
+  "forward",
+  {
+    ref: sessionRef,
+    guestPort: portArg("guestPort").pipe(Args.withDescription("the port in the guest (its 127.0.0.1)")),
+    hostPort: portArg("hostPort").pipe(
+      Args.optional,
+      Args.withDescription("the port on the host's 127.0.0.1 (default: the guest port; 0: any free one)")
+    )
+  },
+  (args) =>
+    edge({ json: false, scrub: false })(
+      Effect.scoped(
+        forward(args.ref, args.guestPort, Option.getOrElse(args.hostPort, () => args.guestPort), {
+          onListening: (port) =>
+            Console.log(`forwarding 127.0.0.1:${port} -> guest 127.0.0.1:${args.guestPort} (Ctrl-C stops)`),
+          onRefused: (error) => Console.error(`abox: ${error.message}`)
+        })
+      ).pipe(Effect.zipRight(Console.error("abox: the session closed")))
+    )
+).pipe(
+  Command.withDescription(
+    "forward 127.0.0.1:<hostPort> on the host to 127.0.0.1:<guestPort> in a running session (over the protocol; the guest has no network)"
   )
 )
