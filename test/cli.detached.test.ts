@@ -63,9 +63,15 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
     expect(timedOut.code).toBe(124)
 
     const listed = JSON.parse(runCli(home, ["list", "--json"], fake).stdout) as {
-      sessions: Array<{ id: string; supervisor: { pid: number; clients: number; uptimeSeconds: number } | null }>
+      sessions: Array<{
+        id: string
+        supervisor: { pid: number; clients: number; uptimeSeconds: number } | null
+      }>
     }
-    expect(listed.sessions[0]).toMatchObject({ id: ready.session, supervisor: { pid: ready.pid, clients: 0 } })
+    expect(listed.sessions[0]).toMatchObject({
+      id: ready.session,
+      supervisor: { pid: ready.pid, clients: 0 }
+    })
     expect(runCli(home, ["list"], fake).stdout).toContain(`running: pid ${ready.pid}`)
 
     // the session is held: another start of it fails at once with SessionBusy
@@ -109,30 +115,47 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
     expect(runCli(home, ["stop", "k"], fake).code).toBe(0)
   }, 180_000)
 
-  it.skipIf(!fs.existsSync(sdkBundle))("SessionManager across processes: one starts detached and exits, another connects by name, runs, lists, stops", async () => {
-    const home = tempHome()
-    const script = (body: string) => {
-      const r = spawnSync(process.execPath, ["--input-type=module", "-e", `import { SessionManager, dispose } from ${JSON.stringify(sdkBundle)};\nconst m = new SessionManager();\n${body}\nawait dispose();`], {
-        env: envFor(home),
-        encoding: "utf8",
-        timeout: 120_000
+  it.skipIf(!fs.existsSync(sdkBundle))(
+    "SessionManager across processes: one starts detached and exits, another connects by name, runs, lists, stops",
+    async () => {
+      const home = tempHome()
+      const script = (body: string) => {
+        const r = spawnSync(
+          process.execPath,
+          [
+            "--input-type=module",
+            "-e",
+            `import { SessionManager, dispose } from ${JSON.stringify(sdkBundle)};\nconst m = new SessionManager();\n${body}\nawait dispose();`
+          ],
+          {
+            env: envFor(home),
+            encoding: "utf8",
+            timeout: 120_000
+          }
+        )
+        return { code: r.status, stdout: r.stdout, stderr: r.stderr }
+      }
+      const first = script(
+        `const s = await m.start("shared", { source: ${JSON.stringify(source())}, detached: true });\nconsole.log(JSON.stringify({ id: s.id, out: (await s.run("echo from-first")).stdout }));\nawait s.close();`
+      )
+      expect(first.code, first.stderr).toBe(0)
+      const { id, out } = JSON.parse(first.stdout) as { id: string; out: string }
+      expect(out).toBe("from-first\n")
+      const second = script(
+        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
+      )
+      expect(second.code, second.stderr).toBe(0)
+      const [line1, line2] = second.stdout.trim().split("\n")
+      expect(JSON.parse(line1!)).toEqual({
+        id,
+        r: [4, "hello\n"],
+        listed: [["shared", true, "number"]],
+        stopped: true
       })
-      return { code: r.status, stdout: r.stdout, stderr: r.stderr }
-    }
-    const first = script(
-      `const s = await m.start("shared", { source: ${JSON.stringify(source())}, detached: true });\nconsole.log(JSON.stringify({ id: s.id, out: (await s.run("echo from-first")).stdout }));\nawait s.close();`
-    )
-    expect(first.code, first.stderr).toBe(0)
-    const { id, out } = JSON.parse(first.stdout) as { id: string; out: string }
-    expect(out).toBe("from-first\n")
-    const second = script(
-      `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
-    )
-    expect(second.code, second.stderr).toBe(0)
-    const [line1, line2] = second.stdout.trim().split("\n")
-    expect(JSON.parse(line1!)).toEqual({ id, r: [4, "hello\n"], listed: [["shared", true, "number"]], stopped: true })
-    expect(JSON.parse(line2!)).toMatchObject([{ name: "shared", running: false }])
-  }, 180_000)
+      expect(JSON.parse(line2!)).toMatchObject([{ name: "shared", running: false }])
+    },
+    180_000
+  )
 
   it("the supervisor's log gets its lines; its environment is inherited, never on its command line", async () => {
     const home = tempHome()

@@ -34,10 +34,14 @@ import { aboxPathsAt } from "../src/services/AboxPaths.js"
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
 const layerFor = (home: string) =>
-  Layer.mergeAll(SessionStoreLive, RuntimeLockLive, GuestRpcLive, HttpsBrokerLive, FakeVmm.layer, FakeImages).pipe(
-    Layer.provideMerge(aboxPathsAt(home)),
-    Layer.provideMerge(NodeFileSystem.layer)
-  )
+  Layer.mergeAll(
+    SessionStoreLive,
+    RuntimeLockLive,
+    GuestRpcLive,
+    HttpsBrokerLive,
+    FakeVmm.layer,
+    FakeImages
+  ).pipe(Layer.provideMerge(aboxPathsAt(home)), Layer.provideMerge(NodeFileSystem.layer))
 
 const source = () => {
   const dir = tempDir("abox-src-")
@@ -68,244 +72,283 @@ const stdoutOf = (replies: ReadonlyArray<ControlReply>) =>
 const endOf = (replies: ReadonlyArray<ControlReply>) => replies.find((r) => r.type === "turn_end")
 
 describe("detached supervisor (FakeVmm)", () => {
-  it.live("status, three clients at once, attach with replay, one typist, a client gone mid-turn, cancel, timeout, stop", () => {
-    const home = tempDir("abox-home-")
-    return Effect.gen(function* () {
-      const ready = yield* Deferred.make<{ sessionId: string; socket: string }>()
-      const supervisor = yield* supervise(open({ source: source(), name: "sup" }), {
-        onReady: (info) => Deferred.succeed(ready, info)
-      }).pipe(Effect.fork)
-      const { sessionId, socket } = yield* Deferred.await(ready)
+  it.live(
+    "status, three clients at once, attach with replay, one typist, a client gone mid-turn, cancel, timeout, stop",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const ready = yield* Deferred.make<{ sessionId: string; socket: string }>()
+        const supervisor = yield* supervise(open({ source: source(), name: "sup" }), {
+          onReady: (info) => Deferred.succeed(ready, info)
+        }).pipe(Effect.fork)
+        const { sessionId, socket } = yield* Deferred.await(ready)
 
-      // the socket: 0600, in the session directory
-      expect(socket).toBe(controlSocketPath(path.join(home, "sessions", sessionId)))
-      expect(fs.statSync(socket).mode & 0o777).toBe(0o600)
-      const info = yield* status("sup")
-      expect(info).toMatchObject({ sessionId, pid: process.pid, clients: 1, turn: null, version: 1 })
+        // the socket: 0600, in the session directory
+        expect(socket).toBe(controlSocketPath(path.join(home, "sessions", sessionId)))
+        expect(fs.statSync(socket).mode & 0o777).toBe(0o600)
+        const info = yield* status("sup")
+        expect(info).toMatchObject({ sessionId, pid: process.pid, clients: 1, turn: null, version: 1 })
 
-      // three clients at once: the turns run one at a time, each client gets its own output
-      const three = yield* Effect.all(
-        ["one", "two", "three"].map((word) => exec("sup", { text: `echo ${word}; sleep 0.2; echo ${word}-end` })),
-        { concurrency: "unbounded" }
-      )
-      expect(three.map(stdoutOf)).toEqual(["one\none-end\n", "two\ntwo-end\n", "three\nthree-end\n"])
-      expect(three.map((r) => endOf(r)?.exitCode)).toEqual([0, 0, 0])
-      const turnNumbers = three.map((r) => endOf(r)?.turn)
-      expect(new Set(turnNumbers).size).toBe(3)
+        // three clients at once: the turns run one at a time, each client gets its own output
+        const three = yield* Effect.all(
+          ["one", "two", "three"].map((word) =>
+            exec("sup", { text: `echo ${word}; sleep 0.2; echo ${word}-end` })
+          ),
+          { concurrency: "unbounded" }
+        )
+        expect(three.map(stdoutOf)).toEqual(["one\none-end\n", "two\ntwo-end\n", "three\nthree-end\n"])
+        expect(three.map((r) => endOf(r)?.exitCode)).toEqual([0, 0, 0])
+        const turnNumbers = three.map((r) => endOf(r)?.turn)
+        expect(new Set(turnNumbers).size).toBe(3)
 
-      // env and cwd make a shell turn; the exit status comes back
-      const envTurn = yield* exec("sup", { text: "echo $GREETING; pwd; exit 3", env: { GREETING: "it's me" }, cwd: "/" })
-      expect(stdoutOf(envTurn)).toBe("it's me\n/\n")
-      expect(endOf(envTurn)).toMatchObject({ exitCode: 3, cancelled: false })
-      const badEnv = yield* exec("sup", { text: "true", env: { "A-B": "x" } })
-      expect(badEnv.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
-
-      // timeout: the turn is cancelled, timedOut says why
-      const slow = yield* exec("sup", { text: "sleep 30", timeoutMs: 300 })
-      expect(endOf(slow)).toMatchObject({ cancelled: true, timedOut: true })
-
-      // a client that goes away mid-turn: the turn goes on; an attach sees its start (replayed) and end
-      yield* Effect.scoped(
-        Effect.gen(function* () {
-          const connection = yield* connect("sup")
-          yield* connection.send({ type: "turn", text: "echo early; sleep 0.5; echo late" })
-          // wait for the start, then leave without a word
-          yield* connection.replies.pipe(
-            Stream.takeUntil((r) => r.type === "event"),
-            Stream.runDrain
-          )
+        // env and cwd make a shell turn; the exit status comes back
+        const envTurn = yield* exec("sup", {
+          text: "echo $GREETING; pwd; exit 3",
+          env: { GREETING: "it's me" },
+          cwd: "/"
         })
-      )
-      const watched = yield* Effect.scoped(
-        Effect.gen(function* () {
-          const watcher = yield* connect("sup")
-          yield* watcher.send({ type: "attach", typist: false })
-          return Chunk.toArray(
-            yield* watcher.replies.pipe(
-              Stream.takeUntil((r) => r.type === "turn_end"),
-              Stream.runCollect
+        expect(stdoutOf(envTurn)).toBe("it's me\n/\n")
+        expect(endOf(envTurn)).toMatchObject({ exitCode: 3, cancelled: false })
+        const badEnv = yield* exec("sup", { text: "true", env: { "A-B": "x" } })
+        expect(badEnv.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
+
+        // timeout: the turn is cancelled, timedOut says why
+        const slow = yield* exec("sup", { text: "sleep 30", timeoutMs: 300 })
+        expect(endOf(slow)).toMatchObject({ cancelled: true, timedOut: true })
+
+        // a client that goes away mid-turn: the turn goes on; an attach sees its start (replayed) and end
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const connection = yield* connect("sup")
+            yield* connection.send({ type: "turn", text: "echo early; sleep 0.5; echo late" })
+            // wait for the start, then leave without a word
+            yield* connection.replies.pipe(
+              Stream.takeUntil((r) => r.type === "event"),
+              Stream.runDrain
             )
-          )
-        })
-      )
-      expect(watched[0]).toEqual({ type: "attached", typist: false })
-      expect(watched[1]).toMatchObject({ type: "turn_started", text: "echo early; sleep 0.5; echo late" })
-      expect(stdoutOf(watched)).toBe("early\nlate\n")
-      expect(endOf(watched)).toMatchObject({ exitCode: 0 })
-
-      // one typist: the first attach that asks types, the second watches and is refused a turn;
-      // the typist's turn is seen by both, marked as its own for the typist only
-      yield* Effect.scoped(
-        Effect.gen(function* () {
-          const typist = yield* connect("sup")
-          yield* typist.send({ type: "attach", typist: true })
-          expect(yield* typist.next).toEqual(Option.some({ type: "attached", typist: true }))
-          const other = yield* connect("sup")
-          yield* other.send({ type: "attach", typist: true })
-          expect(yield* other.next).toEqual(Option.some({ type: "attached", typist: false }))
-          yield* other.send({ type: "turn", text: "echo refused" })
-          expect(yield* other.next).toMatchObject(Option.some({ type: "error", error: { _tag: "ControlError" } }))
-          yield* typist.send({ type: "turn", text: "echo typed" })
-          const typistSaw = Chunk.toArray(
-            yield* typist.replies.pipe(Stream.takeUntil((r) => r.type === "turn_end"), Stream.runCollect)
-          )
-          const otherSaw = Chunk.toArray(
-            yield* other.replies.pipe(Stream.takeUntil((r) => r.type === "turn_end"), Stream.runCollect)
-          )
-          expect(typistSaw[0]).toMatchObject({ type: "turn_started", text: "echo typed", mine: true })
-          expect(otherSaw[0]).toMatchObject({ type: "turn_started", text: "echo typed" })
-          expect(otherSaw[0]).not.toHaveProperty("mine")
-          expect(stdoutOf(typistSaw)).toBe("typed\n")
-          expect(stdoutOf(otherSaw)).toBe("typed\n")
-          // the typist cancels its own running turn
-          yield* typist.send({ type: "turn", text: "sleep 30" })
-          yield* typist.replies.pipe(Stream.takeUntil((r) => r.type === "turn_started"), Stream.runDrain)
-          yield* typist.send({ type: "cancel" })
-          const cancelled = Chunk.toArray(
-            yield* typist.replies.pipe(Stream.takeUntil((r) => r.type === "turn_end"), Stream.runCollect)
-          )
-          expect(endOf(cancelled)).toMatchObject({ cancelled: true, timedOut: false })
-        })
-      )
-
-      // stop: the requester hears "stopping", then its connection ends only once Close is done
-      const result = yield* stop("sup")
-      expect(result).toEqual({ how: "stopped", pid: process.pid })
-      expect(yield* Fiber.join(supervisor)).toBe("stop")
-      expect(fs.existsSync(socket)).toBe(false)
-      expect(yield* statusIfRunning("sup")).toEqual(Option.none())
-      const notRunning = yield* exec("sup", { text: "true" }).pipe(Effect.flip)
-      expect(notRunning._tag).toBe("SessionNotRunning")
-    }).pipe(Effect.provide(layerFor(home)))
-  }, 120_000)
-
-  it.effect("the idle timeout (TestClock): no client and no turn for that long closes the session; a client resets it", () => {
-    const home = tempDir("abox-home-")
-    return Effect.gen(function* () {
-      const ready = yield* Deferred.make<void>()
-      const fiber = yield* supervise(open({ source: source(), name: "idle" }), {
-        idleTimeout: "10 minutes",
-        onReady: () => Deferred.succeed(ready, undefined)
-      }).pipe(Effect.fork)
-      yield* Deferred.await(ready)
-      const settle = Effect.gen(function* () {
-        // the idle watcher registers its sleep from another fiber; give it a moment
-        for (let i = 0; i < 50 && (yield* TestClock.sleeps()).length === 0; i++) yield* realSleep(10)
-      })
-      yield* settle
-      yield* TestClock.adjust("6 minutes")
-      expect(yield* Fiber.poll(fiber)).toEqual(Option.none())
-      // a client comes and goes: the idle clock starts again when it leaves
-      expect((yield* status("idle")).idleTimeoutMs).toBe(600_000)
-      yield* realSleep(50)
-      yield* settle
-      yield* TestClock.adjust("6 minutes")
-      expect(yield* Fiber.poll(fiber)).toEqual(Option.none())
-      yield* TestClock.adjust("5 minutes")
-      expect(yield* Fiber.join(fiber)).toBe("idle")
-    }).pipe(Effect.provide(layerFor(home)))
-  }, 120_000)
-
-  it.live("a stale control socket (its supervisor SIGKILLed) is refused to clients and replaced by the next supervisor", () => {
-    const home = tempDir("abox-home-")
-    return Effect.gen(function* () {
-      // make the session, then leave a socket file nobody listens on, as a killed supervisor does
-      const id = yield* Effect.scoped(Effect.map(open({ source: source(), name: "stale" }), (s) => s.id))
-      const socket = controlSocketPath(path.join(home, "sessions", id))
-      yield* Effect.promise(
-        () =>
-          new Promise<void>((resolve) => {
-            const child = spawn(process.execPath, [
-              "-e",
-              `require("net").createServer().listen(${JSON.stringify(socket)}, () => console.log("up"))`
-            ])
-            child.stdout.once("data", () => {
-              child.kill("SIGKILL")
-              child.once("exit", () => resolve())
-            })
           })
-      )
-      expect(fs.existsSync(socket)).toBe(true)
-      const refused = yield* status("stale").pipe(Effect.flip)
-      expect(refused._tag).toBe("SessionNotRunning")
-      const ready = yield* Deferred.make<void>()
-      const fiber = yield* supervise(resume("stale"), { onReady: () => Deferred.succeed(ready, undefined) }).pipe(
-        Effect.fork
-      )
-      yield* Deferred.await(ready)
-      expect((yield* status("stale")).sessionId).toBe(id)
-      yield* stop("stale")
-      expect(yield* Fiber.join(fiber)).toBe("stop")
-    }).pipe(Effect.provide(layerFor(home)))
-  }, 120_000)
+        )
+        const watched = yield* Effect.scoped(
+          Effect.gen(function* () {
+            const watcher = yield* connect("sup")
+            yield* watcher.send({ type: "attach", typist: false })
+            return Chunk.toArray(
+              yield* watcher.replies.pipe(
+                Stream.takeUntil((r) => r.type === "turn_end"),
+                Stream.runCollect
+              )
+            )
+          })
+        )
+        expect(watched[0]).toEqual({ type: "attached", typist: false })
+        expect(watched[1]).toMatchObject({ type: "turn_started", text: "echo early; sleep 0.5; echo late" })
+        expect(stdoutOf(watched)).toBe("early\nlate\n")
+        expect(endOf(watched)).toMatchObject({ exitCode: 0 })
 
-  it.scopedLive("forward: a host port reaches 127.0.0.1:<port> in the guest (here the fake guest is this host) both ways, ends passed on; a closed port is refused", () => {
-    const home = tempDir("abox-home-")
-    return Effect.gen(function* () {
-      // the "guest" service: reads until EOF, answers in upper case, then ends
-      const service = yield* Effect.acquireRelease(
-        Effect.async<net.Server>((resume) => {
-          const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+        // one typist: the first attach that asks types, the second watches and is refused a turn;
+        // the typist's turn is seen by both, marked as its own for the typist only
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const typist = yield* connect("sup")
+            yield* typist.send({ type: "attach", typist: true })
+            expect(yield* typist.next).toEqual(Option.some({ type: "attached", typist: true }))
+            const other = yield* connect("sup")
+            yield* other.send({ type: "attach", typist: true })
+            expect(yield* other.next).toEqual(Option.some({ type: "attached", typist: false }))
+            yield* other.send({ type: "turn", text: "echo refused" })
+            expect(yield* other.next).toMatchObject(
+              Option.some({ type: "error", error: { _tag: "ControlError" } })
+            )
+            yield* typist.send({ type: "turn", text: "echo typed" })
+            const typistSaw = Chunk.toArray(
+              yield* typist.replies.pipe(
+                Stream.takeUntil((r) => r.type === "turn_end"),
+                Stream.runCollect
+              )
+            )
+            const otherSaw = Chunk.toArray(
+              yield* other.replies.pipe(
+                Stream.takeUntil((r) => r.type === "turn_end"),
+                Stream.runCollect
+              )
+            )
+            expect(typistSaw[0]).toMatchObject({ type: "turn_started", text: "echo typed", mine: true })
+            expect(otherSaw[0]).toMatchObject({ type: "turn_started", text: "echo typed" })
+            expect(otherSaw[0]).not.toHaveProperty("mine")
+            expect(stdoutOf(typistSaw)).toBe("typed\n")
+            expect(stdoutOf(otherSaw)).toBe("typed\n")
+            // the typist cancels its own running turn
+            yield* typist.send({ type: "turn", text: "sleep 30" })
+            yield* typist.replies.pipe(
+              Stream.takeUntil((r) => r.type === "turn_started"),
+              Stream.runDrain
+            )
+            yield* typist.send({ type: "cancel" })
+            const cancelled = Chunk.toArray(
+              yield* typist.replies.pipe(
+                Stream.takeUntil((r) => r.type === "turn_end"),
+                Stream.runCollect
+              )
+            )
+            expect(endOf(cancelled)).toMatchObject({ cancelled: true, timedOut: false })
+          })
+        )
+
+        // stop: the requester hears "stopping", then its connection ends only once Close is done
+        const result = yield* stop("sup")
+        expect(result).toEqual({ how: "stopped", pid: process.pid })
+        expect(yield* Fiber.join(supervisor)).toBe("stop")
+        expect(fs.existsSync(socket)).toBe(false)
+        expect(yield* statusIfRunning("sup")).toEqual(Option.none())
+        const notRunning = yield* exec("sup", { text: "true" }).pipe(Effect.flip)
+        expect(notRunning._tag).toBe("SessionNotRunning")
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.effect(
+    "the idle timeout (TestClock): no client and no turn for that long closes the session; a client resets it",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const ready = yield* Deferred.make<void>()
+        const fiber = yield* supervise(open({ source: source(), name: "idle" }), {
+          idleTimeout: "10 minutes",
+          onReady: () => Deferred.succeed(ready, undefined)
+        }).pipe(Effect.fork)
+        yield* Deferred.await(ready)
+        const settle = Effect.gen(function* () {
+          // the idle watcher registers its sleep from another fiber; give it a moment
+          for (let i = 0; i < 50 && (yield* TestClock.sleeps()).length === 0; i++) yield* realSleep(10)
+        })
+        yield* settle
+        yield* TestClock.adjust("6 minutes")
+        expect(yield* Fiber.poll(fiber)).toEqual(Option.none())
+        // a client comes and goes: the idle clock starts again when it leaves
+        expect((yield* status("idle")).idleTimeoutMs).toBe(600_000)
+        yield* realSleep(50)
+        yield* settle
+        yield* TestClock.adjust("6 minutes")
+        expect(yield* Fiber.poll(fiber)).toEqual(Option.none())
+        yield* TestClock.adjust("5 minutes")
+        expect(yield* Fiber.join(fiber)).toBe("idle")
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
+    "a stale control socket (its supervisor SIGKILLed) is refused to clients and replaced by the next supervisor",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        // make the session, then leave a socket file nobody listens on, as a killed supervisor does
+        const id = yield* Effect.scoped(Effect.map(open({ source: source(), name: "stale" }), (s) => s.id))
+        const socket = controlSocketPath(path.join(home, "sessions", id))
+        yield* Effect.promise(
+          () =>
+            new Promise<void>((resolve) => {
+              const child = spawn(process.execPath, [
+                "-e",
+                `require("net").createServer().listen(${JSON.stringify(socket)}, () => console.log("up"))`
+              ])
+              child.stdout.once("data", () => {
+                child.kill("SIGKILL")
+                child.once("exit", () => resolve())
+              })
+            })
+        )
+        expect(fs.existsSync(socket)).toBe(true)
+        const refused = yield* status("stale").pipe(Effect.flip)
+        expect(refused._tag).toBe("SessionNotRunning")
+        const ready = yield* Deferred.make<void>()
+        const fiber = yield* supervise(resume("stale"), {
+          onReady: () => Deferred.succeed(ready, undefined)
+        }).pipe(Effect.fork)
+        yield* Deferred.await(ready)
+        expect((yield* status("stale")).sessionId).toBe(id)
+        yield* stop("stale")
+        expect(yield* Fiber.join(fiber)).toBe("stop")
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.scopedLive(
+    "forward: a host port reaches 127.0.0.1:<port> in the guest (here the fake guest is this host) both ways, ends passed on; a closed port is refused",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        // the "guest" service: reads until EOF, answers in upper case, then ends
+        const service = yield* Effect.acquireRelease(
+          Effect.async<net.Server>((resume) => {
+            const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+              let got = ""
+              socket.on("data", (d: Buffer) => (got += d.toString()))
+              socket.on("end", () => socket.end(got.toUpperCase()))
+            })
+            server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
+          }),
+          (server) => Effect.sync(() => server.close())
+        )
+        const servicePort = (service.address() as net.AddressInfo).port
+        const ready = yield* Deferred.make<void>()
+        const supervisor = yield* supervise(open({ source: source(), name: "fwd" }), {
+          onReady: () => Deferred.succeed(ready, undefined)
+        }).pipe(Effect.fork)
+        yield* Deferred.await(ready)
+
+        const listening = yield* Deferred.make<number>()
+        const refused: Array<string> = []
+        const forwarding = yield* forward("fwd", servicePort, 0, {
+          onListening: (port) => Deferred.succeed(listening, port),
+          onRefused: (error) => Effect.sync(() => refused.push(error._tag))
+        }).pipe(Effect.scoped, Effect.fork)
+        const hostPort = yield* Deferred.await(listening)
+        const roundTrip = (port: number, text: string) =>
+          Effect.async<string>((resume) => {
+            const socket = net.connect({ port, host: "127.0.0.1", allowHalfOpen: true })
             let got = ""
             socket.on("data", (d: Buffer) => (got += d.toString()))
-            socket.on("end", () => socket.end(got.toUpperCase()))
+            socket.on("close", () => resume(Effect.succeed(got)))
+            socket.on("error", () => undefined)
+            socket.end(text)
           })
-          server.listen(0, "127.0.0.1", () => resume(Effect.succeed(server)))
-        }),
-        (server) => Effect.sync(() => server.close())
-      )
-      const servicePort = (service.address() as net.AddressInfo).port
-      const ready = yield* Deferred.make<void>()
-      const supervisor = yield* supervise(open({ source: source(), name: "fwd" }), {
-        onReady: () => Deferred.succeed(ready, undefined)
-      }).pipe(Effect.fork)
-      yield* Deferred.await(ready)
+        // two connections at once, each its own channel; a big one crosses many frames and windows
+        const big = "x".repeat(3 * 1024 * 1024)
+        const [small, large] = yield* Effect.all(
+          [roundTrip(hostPort, "hello forward"), roundTrip(hostPort, big)],
+          {
+            concurrency: 2
+          }
+        )
+        expect(small).toBe("HELLO FORWARD")
+        expect(large.length).toBe(big.length)
+        expect(large).toBe(big.toUpperCase())
 
-      const listening = yield* Deferred.make<number>()
-      const refused: Array<string> = []
-      const forwarding = yield* forward("fwd", servicePort, 0, {
-        onListening: (port) => Deferred.succeed(listening, port),
-        onRefused: (error) => Effect.sync(() => refused.push(error._tag))
-      }).pipe(Effect.scoped, Effect.fork)
-      const hostPort = yield* Deferred.await(listening)
-      const roundTrip = (port: number, text: string) =>
-        Effect.async<string>((resume) => {
-          const socket = net.connect({ port, host: "127.0.0.1", allowHalfOpen: true })
-          let got = ""
-          socket.on("data", (d: Buffer) => (got += d.toString()))
-          socket.on("close", () => resume(Effect.succeed(got)))
-          socket.on("error", () => undefined)
-          socket.end(text)
+        // a port nobody listens on in the guest: the connection is closed, the refusal reported
+        const closedPort = yield* Effect.async<number>((resume) => {
+          const probe = net.createServer().listen(0, "127.0.0.1", () => {
+            const port = (probe.address() as net.AddressInfo).port
+            probe.close(() => resume(Effect.succeed(port)))
+          })
         })
-      // two connections at once, each its own channel; a big one crosses many frames and windows
-      const big = "x".repeat(3 * 1024 * 1024)
-      const [small, large] = yield* Effect.all([roundTrip(hostPort, "hello forward"), roundTrip(hostPort, big)], {
-        concurrency: 2
-      })
-      expect(small).toBe("HELLO FORWARD")
-      expect(large.length).toBe(big.length)
-      expect(large).toBe(big.toUpperCase())
+        const listening2 = yield* Deferred.make<number>()
+        const forwarding2 = yield* forward("fwd", closedPort, 0, {
+          onListening: (port) => Deferred.succeed(listening2, port),
+          onRefused: (error) => Effect.sync(() => refused.push(error._tag))
+        }).pipe(Effect.scoped, Effect.fork)
+        expect(yield* roundTrip(yield* Deferred.await(listening2), "anyone?")).toBe("")
+        expect(refused).toEqual(["ForwardRefused"])
 
-      // a port nobody listens on in the guest: the connection is closed, the refusal reported
-      const closedPort = yield* Effect.async<number>((resume) => {
-        const probe = net.createServer().listen(0, "127.0.0.1", () => {
-          const port = (probe.address() as net.AddressInfo).port
-          probe.close(() => resume(Effect.succeed(port)))
-        })
-      })
-      const listening2 = yield* Deferred.make<number>()
-      const forwarding2 = yield* forward("fwd", closedPort, 0, {
-        onListening: (port) => Deferred.succeed(listening2, port),
-        onRefused: (error) => Effect.sync(() => refused.push(error._tag))
-      }).pipe(Effect.scoped, Effect.fork)
-      expect(yield* roundTrip(yield* Deferred.await(listening2), "anyone?")).toBe("")
-      expect(refused).toEqual(["ForwardRefused"])
-
-      // the forwards end when the session stops
-      yield* stop("fwd")
-      expect(yield* Fiber.join(supervisor)).toBe("stop")
-      yield* Fiber.join(forwarding)
-      yield* Fiber.join(forwarding2)
-    }).pipe(Effect.provide(layerFor(home)))
-  }, 120_000)
+        // the forwards end when the session stops
+        yield* stop("fwd")
+        expect(yield* Fiber.join(supervisor)).toBe("stop")
+        yield* Fiber.join(forwarding)
+        yield* Fiber.join(forwarding2)
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
 })

@@ -103,7 +103,10 @@ export const writeLine = (socket: net.Socket, line: string): Effect.Effect<void,
   writeBytes(socket, line + "\n")
 
 /** write bytes; waits until the socket took them (back pressure) */
-export const writeBytes = (socket: net.Socket, data: string | Uint8Array): Effect.Effect<void, ControlError> =>
+export const writeBytes = (
+  socket: net.Socket,
+  data: string | Uint8Array
+): Effect.Effect<void, ControlError> =>
   Effect.async<void, ControlError>((resume) => {
     if (socket.destroyed || !socket.writable) {
       resume(Effect.fail(new ControlError({ reason: "closed", message: "the control connection is closed" })))
@@ -159,11 +162,17 @@ export const listenUnix = (socketPath: string) =>
         Effect.catchAll(() => Effect.succeed(false))
       )
       if (alive)
-        return yield* new ControlError({ reason: "busy", message: `${socketPath}: another process is listening on it` })
+        return yield* new ControlError({
+          reason: "busy",
+          message: `${socketPath}: another process is listening on it`
+        })
       yield* Effect.try({
         try: () => fs.unlinkSync(socketPath),
         catch: (cause) =>
-          new ControlError({ reason: "stale", message: `${socketPath}: cannot remove the stale socket: ${describe(cause)}` })
+          new ControlError({
+            reason: "stale",
+            message: `${socketPath}: cannot remove the stale socket: ${describe(cause)}`
+          })
       })
     }
     const connections = yield* Effect.acquireRelease(Queue.unbounded<net.Socket>(), (queue) =>
@@ -177,7 +186,9 @@ export const listenUnix = (socketPath: string) =>
           if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
         })
         server.once("error", (cause) =>
-          resume(Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: ${describe(cause)}` })))
+          resume(
+            Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: ${describe(cause)}` }))
+          )
         )
         // created 0600 from the start (umask; the bind happens within listen()), then made sure of it
         const umask = process.umask(0o177)
@@ -186,7 +197,11 @@ export const listenUnix = (socketPath: string) =>
             fs.chmodSync(socketPath, 0o600)
           } catch (cause) {
             server.close()
-            resume(Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: chmod: ${describe(cause)}` })))
+            resume(
+              Effect.fail(
+                new ControlError({ reason: "listen", message: `${socketPath}: chmod: ${describe(cause)}` })
+              )
+            )
             return
           }
           resume(Effect.succeed(server))
@@ -211,7 +226,9 @@ export const listenUnix = (socketPath: string) =>
 export const socketBytes = (socket: net.Socket): Stream.Stream<Uint8Array, ControlError> =>
   Stream.fromAsyncIterable(
     // not destroyed at the end of the iteration: the other direction may still be writing
-    { [Symbol.asyncIterator]: () => socket.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array> },
+    {
+      [Symbol.asyncIterator]: () => socket.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>
+    },
     (cause) => new ControlError({ reason: "read", message: `socket: ${describe(cause)}` })
   )
 
@@ -232,14 +249,21 @@ export const listenLoopback = (port: number) =>
           if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
         })
         server.once("error", (cause) =>
-          resume(Effect.fail(new ControlError({ reason: "listen", message: `127.0.0.1:${port}: ${describe(cause)}` })))
+          resume(
+            Effect.fail(
+              new ControlError({ reason: "listen", message: `127.0.0.1:${port}: ${describe(cause)}` })
+            )
+          )
         )
         server.listen(port, "127.0.0.1", () => resume(Effect.succeed(server)))
       }),
       (server) => Effect.sync(() => server.close())
     )
     const address = server.address()
-    return { connections: connections as Queue.Dequeue<net.Socket>, port: typeof address === "object" && address !== null ? address.port : port }
+    return {
+      connections: connections as Queue.Dequeue<net.Socket>,
+      port: typeof address === "object" && address !== null ? address.port : port
+    }
   })
 
 /** two sockets joined both ways (each end passed on), until both are closed; `first` goes to `b` first */

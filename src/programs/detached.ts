@@ -133,7 +133,10 @@ const cliEntry = Effect.gen(function* () {
   const candidates = [path.join(here, "abox.js"), path.resolve(here, "..", "..", "dist", "abox.js")]
   const found = candidates.find((file) => fs.existsSync(file))
   if (found === undefined)
-    return yield* new ControlError({ reason: "spawn", message: `cannot find the abox CLI (looked at ${candidates.join(", ")}); set ABOX_CLI` })
+    return yield* new ControlError({
+      reason: "spawn",
+      message: `cannot find the abox CLI (looked at ${candidates.join(", ")}); set ABOX_CLI`
+    })
   return found
 })
 
@@ -173,7 +176,11 @@ export const startDetached = Effect.fn("detached.start")(function* (spec: Superv
     }
     child.once("error", (error) => {
       done = true
-      resume(Effect.fail(new ControlError({ reason: "spawn", message: `cannot start the supervisor: ${error.message}` })))
+      resume(
+        Effect.fail(
+          new ControlError({ reason: "spawn", message: `cannot start the supervisor: ${error.message}` })
+        )
+      )
     })
     ready?.on("data", (chunk: Buffer) => {
       text += chunk.toString("utf8")
@@ -190,7 +197,10 @@ export const startDetached = Effect.fn("detached.start")(function* (spec: Superv
     })
   const decoded = decodeReadyLine(line)
   if (Either.isLeft(decoded))
-    return yield* new ControlError({ reason: "protocol", message: `the supervisor's ready line: ${decoded.left.message}` })
+    return yield* new ControlError({
+      reason: "protocol",
+      message: `the supervisor's ready line: ${decoded.left.message}`
+    })
   const ready = decoded.right
   if (ready.type === "failed") return yield* remoteError(ready.error)
   return ready
@@ -222,7 +232,10 @@ export const connect = Effect.fn("detached.connect")(function* (ref: string) {
     connectUnix(socketPath).pipe(
       Effect.mapError((failure) =>
         failure.refused
-          ? new SessionNotRunning({ sessionId, message: `session ${ref} is not running (start it with: abox start ${ref})` })
+          ? new SessionNotRunning({
+              sessionId,
+              message: `session ${ref} is not running (start it with: abox start ${ref})`
+            })
           : new ControlError({ reason: "connect", message: failure.message })
       )
     ),
@@ -236,7 +249,9 @@ export const connect = Effect.fn("detached.connect")(function* (ref: string) {
         onSome: (line) =>
           Either.match(decodeReply(line), {
             onLeft: (error) =>
-              Effect.fail(new ControlError({ reason: "protocol", message: `supervisor reply: ${error.message}` })),
+              Effect.fail(
+                new ControlError({ reason: "protocol", message: `supervisor reply: ${error.message}` })
+              ),
             onRight: (reply) => Effect.succeed(Option.some(reply))
           })
       })
@@ -281,11 +296,10 @@ export const status = (ref: string) =>
   )
 
 /** like `status`, with None for a session nobody serves */
-export const statusIfRunning = (ref: string): Effect.Effect<Option.Option<StatusReply>, never, SessionStore> =>
-  status(ref).pipe(
-    Effect.timeout(Duration.seconds(5)),
-    Effect.option
-  )
+export const statusIfRunning = (
+  ref: string
+): Effect.Effect<Option.Option<StatusReply>, never, SessionStore> =>
+  status(ref).pipe(Effect.timeout(Duration.seconds(5)), Effect.option)
 
 export interface StopOptions {
   /** how long Close may take before the bounded kill path (default 60 s) */
@@ -321,7 +335,10 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
       const connection = yield* connect(ref)
       const reply = yield* ask(connection, { type: "stop" })
       if (reply.type !== "stopping")
-        return yield* new ControlError({ reason: "protocol", message: `expected stopping, got ${reply.type}` })
+        return yield* new ControlError({
+          reason: "protocol",
+          message: `expected stopping, got ${reply.type}`
+        })
       const closed = yield* Stream.runDrain(connection.replies).pipe(
         Effect.ignore,
         Effect.timeout(timeout),
@@ -333,7 +350,8 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
         return { how: "stopped" as const, pid: reply.pid }
       }
       yield* Effect.sync(() => process.kill(reply.pid, "SIGTERM")).pipe(Effect.ignore)
-      if (yield* waitGone(reply.pid, Duration.seconds(30))) return { how: "terminated" as const, pid: reply.pid }
+      if (yield* waitGone(reply.pid, Duration.seconds(30)))
+        return { how: "terminated" as const, pid: reply.pid }
       yield* Effect.sync(() => process.kill(reply.pid, "SIGKILL")).pipe(Effect.ignore)
       yield* waitGone(reply.pid, Duration.seconds(5))
       return { how: "killed" as const, pid: reply.pid }
@@ -351,7 +369,9 @@ export const remoteTurn = (ref: string, text: string): Stream.Stream<TurnEvent, 
       const connection = yield* connect(ref)
       yield* connection.send({ type: "turn", text })
       let ended = false
-      yield* Effect.addFinalizer(() => (ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)))
+      yield* Effect.addFinalizer(() =>
+        ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)
+      )
       return connection.replies.pipe(
         Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
         Stream.mapEffect((reply): Effect.Effect<Option.Option<TurnEvent>, RemoteError> => {
@@ -361,7 +381,12 @@ export const remoteTurn = (ref: string, text: string): Stream.Stream<TurnEvent, 
             case "turn_end":
               ended = true
               return Effect.succeed(
-                Option.some({ _tag: "End", exitCode: reply.exitCode, signal: reply.signal, cancelled: reply.cancelled })
+                Option.some({
+                  _tag: "End",
+                  exitCode: reply.exitCode,
+                  signal: reply.signal,
+                  cancelled: reply.cancelled
+                })
               )
             case "error":
               ended = true

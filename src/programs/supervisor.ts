@@ -55,8 +55,7 @@ export interface ServeOptions {
   readonly idleTimeout?: Duration.DurationInput | undefined
   /** told once the control socket listens */
   readonly onReady?:
-    | ((info: { readonly sessionId: string; readonly socket: string }) => Effect.Effect<void>)
-    | undefined
+    ((info: { readonly sessionId: string; readonly socket: string }) => Effect.Effect<void>) | undefined
 }
 
 /** what watchers get: each reply with its sequence number (to skip what a replay already sent) */
@@ -99,7 +98,9 @@ const serve = Effect.fn("supervisor.serve")(function* (
   const startedAt = new Date(yield* Clock.currentTimeMillis).toISOString()
   const stopped = yield* Deferred.make<StopReason>()
   const permit = yield* Effect.makeSemaphore(1)
-  const hub = yield* Effect.acquireRelease(PubSub.sliding<Broadcast>(WATCH_BUFFER), (hub) => PubSub.shutdown(hub))
+  const hub = yield* Effect.acquireRelease(PubSub.sliding<Broadcast>(WATCH_BUFFER), (hub) =>
+    PubSub.shutdown(hub)
+  )
   /** connected clients + running turns: the idle clock runs while it is 0 */
   const activity = yield* SubscriptionRef.make(0)
   const idleTimeout = options.idleTimeout === undefined ? undefined : Duration.decode(options.idleTimeout)
@@ -137,7 +138,12 @@ const serve = Effect.fn("supervisor.serve")(function* (
   })
 
   /** one turn, start to end, as a fiber of the supervisor (not of the client that asked) */
-  const runTurn = (starter: number, request: TurnRequest, delivery: Delivery, cancel: Deferred.Deferred<void>) =>
+  const runTurn = (
+    starter: number,
+    request: TurnRequest,
+    delivery: Delivery,
+    cancel: Deferred.Deferred<void>
+  ) =>
     Effect.gen(function* () {
       const emit = (reply: ControlReply) =>
         Effect.zipRight(
@@ -248,7 +254,11 @@ const serve = Effect.fn("supervisor.serve")(function* (
       yield* send({ type: "attached", typist: isTypist })
       // a turn's start tells its typist that it is theirs
       const deliver = (item: Broadcast) =>
-        send(item.reply.type === "turn_started" && item.starter === client ? { ...item.reply, mine: true } : item.reply)
+        send(
+          item.reply.type === "turn_started" && item.starter === client
+            ? { ...item.reply, mine: true }
+            : item.reply
+        )
       const replay = running?.replay.slice() ?? []
       for (const item of replay) yield* deliver(item)
       const seen = replay.at(-1)?.seq ?? 0
@@ -273,9 +283,11 @@ const serve = Effect.fn("supervisor.serve")(function* (
    */
   const forward = (port: number, lines: LineSocket, send: Send) =>
     Effect.gen(function* () {
-      const channel = yield* session.connection.forward(port).pipe(
-        Effect.tapError((error) => send({ type: "error", error: errorFields(error) }).pipe(Effect.ignore))
-      )
+      const channel = yield* session.connection
+        .forward(port)
+        .pipe(
+          Effect.tapError((error) => send({ type: "error", error: errorFields(error) }).pipe(Effect.ignore))
+        )
       yield* send({ type: "forward_ok", port })
       const socket = lines.socket
       const rest = lines.takeRaw()
@@ -300,11 +312,16 @@ const serve = Effect.fn("supervisor.serve")(function* (
     }
     if (request.type !== "turn") return Effect.void
     if (!isTypist) {
-      const error = new ControlError({ reason: "not typist", message: "another client types in this session; this one watches" })
+      const error = new ControlError({
+        reason: "not typist",
+        message: "another client types in this session; this one watches"
+      })
       return send({ type: "error", error: errorFields(error) })
     }
     return Deferred.make<void>().pipe(
-      Effect.flatMap((cancel) => Effect.forkIn(runTurn(client, request, { current: undefined }, cancel), serveScope)),
+      Effect.flatMap((cancel) =>
+        Effect.forkIn(runTurn(client, request, { current: undefined }, cancel), serveScope)
+      ),
       Effect.asVoid
     )
   }
@@ -328,7 +345,10 @@ const serve = Effect.fn("supervisor.serve")(function* (
       if (Option.isNone(first)) return
       const decoded = decodeRequest(first.value)
       if (Either.isLeft(decoded)) {
-        const error = new ControlError({ reason: "bad request", message: `not a control request: ${decoded.left.message}` })
+        const error = new ControlError({
+          reason: "bad request",
+          message: `not a control request: ${decoded.left.message}`
+        })
         return yield* send({ type: "error", error: errorFields(error) })
       }
       const request = decoded.right
@@ -351,7 +371,10 @@ const serve = Effect.fn("supervisor.serve")(function* (
         case "forward":
           return yield* forward(request.port, lines, send)
         case "cancel": {
-          const error = new ControlError({ reason: "bad request", message: "cancel: no turn on this connection" })
+          const error = new ControlError({
+            reason: "bad request",
+            message: "cancel: no turn on this connection"
+          })
           return yield* send({ type: "error", error: errorFields(error) })
         }
       }
@@ -393,7 +416,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
 export const supervise = <E, R>(acquire: Effect.Effect<Session, E, R>, options: ServeOptions = {}) =>
   Effect.gen(function* () {
     const stopWatchers: Array<net.Socket> = []
-    return yield* Effect.scoped(Effect.flatMap(acquire, (session) => serve(session, options, stopWatchers))).pipe(
-      Effect.ensuring(Effect.sync(() => stopWatchers.forEach((socket) => socket.destroy())))
-    )
+    return yield* Effect.scoped(
+      Effect.flatMap(acquire, (session) => serve(session, options, stopWatchers))
+    ).pipe(Effect.ensuring(Effect.sync(() => stopWatchers.forEach((socket) => socket.destroy()))))
   })

@@ -13,7 +13,16 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { ControlError, encodeReadyLine, errorFields, type ControlReply } from "../../protocol/Control.js"
-import { connect, decodeSpec, forward, READY_FD, remoteError, startDetached, stop, type SuperviseSpec } from "../../programs/detached.js"
+import {
+  connect,
+  decodeSpec,
+  forward,
+  READY_FD,
+  remoteError,
+  startDetached,
+  stop,
+  type SuperviseSpec
+} from "../../programs/detached.js"
 import { open, resume, type Session } from "../../programs/session.js"
 import { supervise } from "../../programs/supervisor.js"
 import { CliExit, edge, printJson } from "../render.js"
@@ -28,7 +37,8 @@ export const parseDuration = (text: string): Option.Option<Duration.Duration> =>
   if (match === null) return Option.none()
   const value = Number(match[1])
   const unit = match[2] ?? "s"
-  const ms = unit === "ms" ? value : unit === "s" ? value * 1000 : unit === "m" ? value * 60_000 : value * 3_600_000
+  const ms =
+    unit === "ms" ? value : unit === "s" ? value * 1000 : unit === "m" ? value * 60_000 : value * 3_600_000
   return ms > 0 ? Option.some(Duration.millis(Math.round(ms))) : Option.none()
 }
 
@@ -37,7 +47,9 @@ const durationOption = (name: string, description: string) =>
     Options.mapEffect((text) =>
       Option.match(parseDuration(text), {
         onNone: () =>
-          Effect.fail(ValidationError.invalidValue(HelpDoc.p(`--${name}: not a duration (30s, 5m, 2h): ${text}`))),
+          Effect.fail(
+            ValidationError.invalidValue(HelpDoc.p(`--${name}: not a duration (30s, 5m, 2h): ${text}`))
+          ),
         onSome: Effect.succeed
       })
     ),
@@ -66,12 +78,18 @@ const optionOf = <A>(value: A | undefined) => Option.fromNullable(value)
 
 export const superviseCommand = Command.make(
   "supervise",
-  { spec: Options.text("spec").pipe(Options.withDescription("what to supervise (JSON, written by abox start)")) },
+  {
+    spec: Options.text("spec").pipe(
+      Options.withDescription("what to supervise (JSON, written by abox start)")
+    )
+  },
   (args) =>
     edge({ json: false, scrub: false })(
       Effect.gen(function* () {
         const spec = yield* decodeSpec(args.spec).pipe(
-          Effect.mapError((error) => new ControlError({ reason: "bad spec", message: `supervise --spec: ${error.message}` }))
+          Effect.mapError(
+            (error) => new ControlError({ reason: "bad spec", message: `supervise --spec: ${error.message}` })
+          )
         )
         const boot = yield* bootOptions({
           model: optionOf(spec.model),
@@ -89,29 +107,53 @@ export const superviseCommand = Command.make(
           idleTimeout: spec.idleTimeoutMs === undefined ? undefined : Duration.millis(spec.idleTimeoutMs),
           onReady: (ready) =>
             Effect.zipRight(
-              Console.error(`abox: supervising session ${ready.sessionId} (pid ${process.pid}) on ${ready.socket}`),
-              tellStarter(encodeReadyLine({ type: "ready", sessionId: ready.sessionId, pid: process.pid, socket: ready.socket }))
+              Console.error(
+                `abox: supervising session ${ready.sessionId} (pid ${process.pid}) on ${ready.socket}`
+              ),
+              tellStarter(
+                encodeReadyLine({
+                  type: "ready",
+                  sessionId: ready.sessionId,
+                  pid: process.pid,
+                  socket: ready.socket
+                })
+              )
             )
         })
         yield* Console.error(`abox: supervisor ${process.pid}: closed (${reason})`)
-      }).pipe(Effect.tapError((error) => tellStarter(encodeReadyLine({ type: "failed", error: errorFields(error) }))))
+      }).pipe(
+        Effect.tapError((error) =>
+          tellStarter(encodeReadyLine({ type: "failed", error: errorFields(error) }))
+        )
+      )
     )
 ).pipe(Command.withDescription("(internal) hold a session and serve its control socket; run by abox start"))
 
 // ---- start ----
 
 const startOptions = {
-  name: Options.text("name").pipe(Options.optional, Options.withDescription("bind a new session to this name")),
-  model: Options.text("model").pipe(Options.optional, Options.withDescription("model alias passed to the agent")),
+  name: Options.text("name").pipe(
+    Options.optional,
+    Options.withDescription("bind a new session to this name")
+  ),
+  model: Options.text("model").pipe(
+    Options.optional,
+    Options.withDescription("model alias passed to the agent")
+  ),
   image: Options.text("image").pipe(
     Options.optional,
     Options.withDescription("golden image of a new session: name or name@digest")
   ),
   cpus: Options.integer("cpus").pipe(Options.optional, Options.withDescription("guest CPUs (default 2)")),
-  memory: Options.integer("memory").pipe(Options.optional, Options.withDescription("guest memory in MiB (default 1024)")),
+  memory: Options.integer("memory").pipe(
+    Options.optional,
+    Options.withDescription("guest memory in MiB (default 1024)")
+  ),
   agent: Options.text("agent").pipe(
     Options.repeated,
-    Options.withDescription("agent command argv (repeat per word); default: each turn runs as a shell command")
+    Options.withDescription(
+      "agent command argv (repeat per word); default: each turn runs as a shell command"
+    )
   ),
   policy: Options.file("policy", { exists: "yes" }).pipe(
     Options.optional,
@@ -122,7 +164,9 @@ const startOptions = {
 }
 
 type StartArgs = {
-  readonly [K in keyof typeof startOptions]: (typeof startOptions)[K] extends Options.Options<infer A> ? A : never
+  readonly [K in keyof typeof startOptions]: (typeof startOptions)[K] extends Options.Options<infer A>
+    ? A
+    : never
 }
 
 /** a directory that exists opens a new session on it; anything else is a session id or name to resume */
@@ -143,7 +187,9 @@ const specFor = (target: string, args: StartArgs): SuperviseSpec => {
     memoryMiB: Option.getOrUndefined(args.memory),
     agent: args.agent.length > 0 ? args.agent : undefined,
     policyFile: Option.getOrUndefined(Option.map(args.policy, (file) => path.resolve(file))),
-    idleTimeoutMs: Option.getOrUndefined(Option.map(args.idleTimeout, (d) => Math.max(1, Duration.toMillis(d))))
+    idleTimeoutMs: Option.getOrUndefined(
+      Option.map(args.idleTimeout, (d) => Math.max(1, Duration.toMillis(d)))
+    )
   }
 }
 
@@ -188,7 +234,9 @@ const envPairs = (pairs: ReadonlyArray<string>) =>
 
 /** the exit status of a turn seen over the control socket: the shell's convention; 124 on timeout */
 const exitStatus = (end: Extract<ControlReply, { type: "turn_end" }>): number =>
-  end.timedOut ? 124 : turnExitCode({ _tag: "End", exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled })
+  end.timedOut
+    ? 124
+    : turnExitCode({ _tag: "End", exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled })
 
 export const execCommand = Command.make(
   "exec",
@@ -219,7 +267,9 @@ export const execCommand = Command.make(
             text: args.turn.join(" "),
             ...(args.env.length > 0 ? { env } : {}),
             ...(Option.isSome(args.workdir) ? { cwd: args.workdir.value } : {}),
-            ...(Option.isSome(args.timeout) ? { timeoutMs: Math.max(1, Duration.toMillis(args.timeout.value)) } : {})
+            ...(Option.isSome(args.timeout)
+              ? { timeoutMs: Math.max(1, Duration.toMillis(args.timeout.value)) }
+              : {})
           })
           let end: Extract<ControlReply, { type: "turn_end" }> | undefined
           // a signal to this client cancels its turn (like Ctrl-C in the interactive mode); a
@@ -227,15 +277,17 @@ export const execCommand = Command.make(
           yield* Effect.addFinalizer(() =>
             end !== undefined
               ? Effect.void
-              : connection.send({ type: "cancel" }).pipe(
-                  Effect.zipRight(
-                    Stream.runDrain(
-                      connection.replies.pipe(Stream.takeUntil((reply) => reply.type === "turn_end"))
-                    )
-                  ),
-                  Effect.timeout(Duration.seconds(15)),
-                  Effect.ignore
-                )
+              : connection
+                  .send({ type: "cancel" })
+                  .pipe(
+                    Effect.zipRight(
+                      Stream.runDrain(
+                        connection.replies.pipe(Stream.takeUntil((reply) => reply.type === "turn_end"))
+                      )
+                    ),
+                    Effect.timeout(Duration.seconds(15)),
+                    Effect.ignore
+                  )
           )
           yield* connection.replies.pipe(
             Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
@@ -256,7 +308,10 @@ export const execCommand = Command.make(
             })
           )
           if (end === undefined)
-            return yield* new ControlError({ reason: "closed", message: "the supervisor closed the connection before the turn ended" })
+            return yield* new ControlError({
+              reason: "closed",
+              message: "the supervisor closed the connection before the turn ended"
+            })
           const code = exitStatus(end)
           if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
         })
@@ -268,7 +323,11 @@ export const execCommand = Command.make(
 
 export const stopCommand = Command.make(
   "stop",
-  { ref: sessionRef, timeout: durationOption("timeout", "how long Close may take before the kill path (default 60s)"), json },
+  {
+    ref: sessionRef,
+    timeout: durationOption("timeout", "how long Close may take before the kill path (default 60s)"),
+    json
+  },
   (args) =>
     edge({ json: args.json, scrub: false })(
       Effect.gen(function* () {
@@ -288,7 +347,9 @@ export const attachCommand = Command.make(
   "attach",
   {
     ref: sessionRef,
-    watch: Options.boolean("watch").pipe(Options.withDescription("only watch (never type), even if nobody types"))
+    watch: Options.boolean("watch").pipe(
+      Options.withDescription("only watch (never type), even if nobody types")
+    )
   },
   (args) =>
     edge({ json: false, scrub: false })(
@@ -298,7 +359,10 @@ export const attachCommand = Command.make(
           yield* connection.send({ type: "attach", typist: !args.watch })
           const first = yield* connection.next
           if (Option.isNone(first))
-            return yield* new ControlError({ reason: "closed", message: "the supervisor closed the connection" })
+            return yield* new ControlError({
+              reason: "closed",
+              message: "the supervisor closed the connection"
+            })
           if (first.value.type === "error") return yield* remoteError(first.value.error)
           const typist = first.value.type === "attached" && first.value.typist
           process.stderr.write(
@@ -306,7 +370,11 @@ export const attachCommand = Command.make(
           )
           const rl = yield* Effect.acquireRelease(
             Effect.sync(() =>
-              readline.createInterface({ input: process.stdin, output: process.stderr, terminal: process.stdin.isTTY === true })
+              readline.createInterface({
+                input: process.stdin,
+                output: process.stderr,
+                terminal: process.stdin.isTTY === true
+              })
             ),
             (rl) => Effect.sync(() => rl.close())
           )
@@ -333,7 +401,12 @@ export const attachCommand = Command.make(
                     connection.send({ type: "turn", text })
                   )
             }),
-            Effect.zipRight(outstanding.changes.pipe(Stream.takeUntil((n) => n <= 0), Stream.runDrain))
+            Effect.zipRight(
+              outstanding.changes.pipe(
+                Stream.takeUntil((n) => n <= 0),
+                Stream.runDrain
+              )
+            )
           )
           const output = connection.replies.pipe(
             Stream.runForEach((reply) => {
@@ -351,12 +424,12 @@ export const attachCommand = Command.make(
                   return Effect.zipRight(
                     own ? SubscriptionRef.update(outstanding, (n) => n - 1) : Effect.void,
                     Effect.zipRight(
-                    Effect.sync(() =>
-                      process.stderr.write(
-                        `· turn ${reply.turn} ended${code !== 0 ? `: exit ${code}` : ""}${reply.timedOut ? " (timed out)" : reply.cancelled ? " (cancelled)" : ""}\n`
-                      )
-                    ),
-                    prompt()
+                      Effect.sync(() =>
+                        process.stderr.write(
+                          `· turn ${reply.turn} ended${code !== 0 ? `: exit ${code}` : ""}${reply.timedOut ? " (timed out)" : reply.cancelled ? " (cancelled)" : ""}\n`
+                        )
+                      ),
+                      prompt()
                     )
                   )
                 }
@@ -407,11 +480,16 @@ export const forwardCommand = Command.make(
   (args) =>
     edge({ json: false, scrub: false })(
       Effect.scoped(
-        forward(args.ref, args.guestPort, Option.getOrElse(args.hostPort, () => args.guestPort), {
-          onListening: (port) =>
-            Console.log(`forwarding 127.0.0.1:${port} -> guest 127.0.0.1:${args.guestPort} (Ctrl-C stops)`),
-          onRefused: (error) => Console.error(`abox: ${error.message}`)
-        })
+        forward(
+          args.ref,
+          args.guestPort,
+          Option.getOrElse(args.hostPort, () => args.guestPort),
+          {
+            onListening: (port) =>
+              Console.log(`forwarding 127.0.0.1:${port} -> guest 127.0.0.1:${args.guestPort} (Ctrl-C stops)`),
+            onRefused: (error) => Console.error(`abox: ${error.message}`)
+          }
+        )
       ).pipe(Effect.zipRight(Console.error("abox: the session closed")))
     )
 ).pipe(
