@@ -48,7 +48,8 @@ import type { Session } from "./session.js"
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (src/lib/socketPath.ts) */
 export const controlSocketPath = (sessionDir: string): string => sessionSocketPath(sessionDir, "control.sock")
 
-export type StopReason = "stop" | "idle"
+/** why a supervisor closed: asked to, idle, or its guest went away (the VM died) */
+export type StopReason = "stop" | "idle" | "guest-gone"
 
 export interface ServeOptions {
   /** close after this long with no client connected and no turn running (default: never) */
@@ -198,7 +199,11 @@ const serve = Effect.fn("supervisor.serve")(function* (
                 : Effect.as(emit({ type: "event", turn, event: event.event }), end)
             ),
             Effect.catchAll((error) =>
-              Effect.as(emit({ type: "error", error: errorFields(error) }), "failed" as const)
+              Effect.zipRight(
+                emit({ type: "error", error: errorFields(error) }),
+                // the VM is gone: nothing more can run; close (Close records how it ended)
+                error._tag === "GuestDisconnected" ? Deferred.succeed(stopped, "guest-gone") : Effect.void
+              ).pipe(Effect.as("failed" as const))
             )
           )
           if (last === "failed") return undefined
