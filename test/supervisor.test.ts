@@ -194,7 +194,25 @@ describe("detached supervisor (FakeVmm)", () => {
           })
         )
 
-        // stop: the requester hears "stopping", then its connection ends only once Close is done
+        // bad input on the socket: a line that is not a request gets a typed error; a line past the
+      // bound ends that connection; the supervisor goes on serving
+      const raw = (payload: string | Buffer) =>
+        Effect.async<string>((resume) => {
+          const c = net.connect(socket)
+          let got = ""
+          c.on("data", (d: Buffer) => (got += d.toString()))
+          c.on("close", () => resume(Effect.succeed(got)))
+          c.on("error", () => undefined)
+          c.write(payload)
+        })
+      expect(JSON.parse(yield* raw('{"type":"launch"}\n'))).toMatchObject({
+        type: "error",
+        error: { _tag: "ControlError", reason: "bad request" }
+      })
+      expect(yield* raw(Buffer.alloc(3 * 1024 * 1024, 0x61))).toBe("")
+      expect((yield* status("sup")).sessionId).toBe(sessionId)
+
+      // stop: the requester hears "stopping", then its connection ends only once Close is done
         const result = yield* stop("sup")
         expect(result).toEqual({ how: "stopped", pid: process.pid })
         expect(yield* Fiber.join(supervisor)).toBe("stop")

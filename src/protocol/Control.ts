@@ -10,8 +10,11 @@ import { AgentEvent, Hello } from "./Messages.js"
 
 /** this protocol's version, in `status` */
 export const CONTROL_VERSION = 1
-/** a line longer than this is a protocol error (requests are small; events are split by the guest) */
-export const MAX_CONTROL_LINE = 1024 * 1024
+/**
+ * a line longer than this is a protocol error: requests are small, and an event relays one guest
+ * control frame (at most MAX_FRAME_PAYLOAD, 1 MiB, whose JSON re-encodes to about its own size)
+ */
+export const MAX_CONTROL_LINE = 2 * 1024 * 1024
 
 const msg = <Tag extends string, Fields extends Schema.Struct.Fields>(type: Tag, fields: Fields) =>
   Schema.Struct({ type: Schema.Literal(type), ...fields })
