@@ -234,7 +234,7 @@ export const connect = Effect.fn("detached.connect")(function* (ref: string) {
         failure.refused
           ? new SessionNotRunning({
               sessionId,
-              message: `session ${ref} is not running (start it with: abox start ${ref})`
+              message: `session ${ref} is not running detached (abox start ${ref} starts it)`
             })
           : new ControlError({ reason: "connect", message: failure.message })
       )
