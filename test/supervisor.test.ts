@@ -14,7 +14,7 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
-import { spawn } from "node:child_process"
+import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
@@ -195,24 +195,24 @@ describe("detached supervisor (FakeVmm)", () => {
         )
 
         // bad input on the socket: a line that is not a request gets a typed error; a line past the
-      // bound ends that connection; the supervisor goes on serving
-      const raw = (payload: string | Buffer) =>
-        Effect.async<string>((resume) => {
-          const c = net.connect(socket)
-          let got = ""
-          c.on("data", (d: Buffer) => (got += d.toString()))
-          c.on("close", () => resume(Effect.succeed(got)))
-          c.on("error", () => undefined)
-          c.write(payload)
+        // bound ends that connection; the supervisor goes on serving
+        const raw = (payload: string | Buffer) =>
+          Effect.async<string>((resume) => {
+            const c = net.connect(socket)
+            let got = ""
+            c.on("data", (d: Buffer) => (got += d.toString()))
+            c.on("close", () => resume(Effect.succeed(got)))
+            c.on("error", () => undefined)
+            c.write(payload)
+          })
+        expect(JSON.parse(yield* raw('{"type":"launch"}\n'))).toMatchObject({
+          type: "error",
+          error: { _tag: "ControlError", reason: "bad request" }
         })
-      expect(JSON.parse(yield* raw('{"type":"launch"}\n'))).toMatchObject({
-        type: "error",
-        error: { _tag: "ControlError", reason: "bad request" }
-      })
-      expect(yield* raw(Buffer.alloc(3 * 1024 * 1024, 0x61))).toBe("")
-      expect((yield* status("sup")).sessionId).toBe(sessionId)
+        expect(yield* raw(Buffer.alloc(3 * 1024 * 1024, 0x61))).toBe("")
+        expect((yield* status("sup")).sessionId).toBe(sessionId)
 
-      // stop: the requester hears "stopping", then its connection ends only once Close is done
+        // stop: the requester hears "stopping", then its connection ends only once Close is done
         const result = yield* stop("sup")
         expect(result).toEqual({ how: "stopped", pid: process.pid })
         expect(yield* Fiber.join(supervisor)).toBe("stop")
@@ -366,6 +366,64 @@ describe("detached supervisor (FakeVmm)", () => {
         yield* Fiber.join(forwarding)
         yield* Fiber.join(forwarding2)
       }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
+    "stop of a supervisor that does not finish takes the bounded kill path: SIGTERM, then SIGKILL",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const id = yield* Effect.scoped(Effect.map(open({ source: source(), name: "hang" }), (s) => s.id))
+        const socket = controlSocketPath(path.join(home, "sessions", id))
+        /** a stand-in supervisor: answers stop with `pid` and then never ends the connection */
+        const hanging = (pid: number) =>
+          Effect.acquireRelease(
+            Effect.async<net.Server>((resume) => {
+              const server = net.createServer((c) => {
+                c.once("data", () => c.write(JSON.stringify({ type: "stopping", pid }) + "\n"))
+              })
+              server.listen(socket, () => resume(Effect.succeed(server)))
+            }),
+            (server) => Effect.sync(() => server.close())
+          )
+        const child = (ignoreTerm: boolean) =>
+          Effect.acquireRelease(
+            Effect.async<ChildProcess>((resume) => {
+              const p = spawn(process.execPath, [
+                "-e",
+                `${ignoreTerm ? 'process.on("SIGTERM", () => {});' : ""} console.log("up"); setInterval(() => {}, 1000)`
+              ])
+              p.stdout!.once("data", () => resume(Effect.succeed(p)))
+            }),
+            (p) => Effect.sync(() => p.kill("SIGKILL"))
+          )
+        const polite = yield* child(false)
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            yield* hanging(polite.pid!)
+            const result = yield* stop("hang", { timeout: "300 millis", terminateWait: "5 seconds" })
+            expect(result).toEqual({ how: "terminated", pid: polite.pid })
+          })
+        )
+        const stubborn = yield* child(true)
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            yield* hanging(stubborn.pid!)
+            const result = yield* stop("hang", { timeout: "300 millis", terminateWait: "500 millis" })
+            expect(result).toEqual({ how: "killed", pid: stubborn.pid })
+          })
+        )
+        expect(
+          stubborn.signalCode ??
+            (yield* Effect.async<string | null>((resume) => {
+              if (stubborn.exitCode !== null || stubborn.signalCode !== null)
+                resume(Effect.succeed(stubborn.signalCode))
+              else stubborn.once("exit", (_code, signal) => resume(Effect.succeed(signal)))
+            }))
+        ).toBe("SIGKILL")
+      }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
     },
     120_000
   )

@@ -304,6 +304,8 @@ export const statusIfRunning = (
 export interface StopOptions {
   /** how long Close may take before the bounded kill path (default 60 s) */
   readonly timeout?: Duration.DurationInput | undefined
+  /** after SIGTERM, how long before SIGKILL (default 30 s) */
+  readonly terminateWait?: Duration.DurationInput | undefined
 }
 
 /** is a process with this pid still there? */
@@ -350,7 +352,7 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
         return { how: "stopped" as const, pid: reply.pid }
       }
       yield* Effect.sync(() => process.kill(reply.pid, "SIGTERM")).pipe(Effect.ignore)
-      if (yield* waitGone(reply.pid, Duration.seconds(30)))
+      if (yield* waitGone(reply.pid, Duration.decode(options.terminateWait ?? Duration.seconds(30))))
         return { how: "terminated" as const, pid: reply.pid }
       yield* Effect.sync(() => process.kill(reply.pid, "SIGKILL")).pipe(Effect.ignore)
       yield* waitGone(reply.pid, Duration.seconds(5))
