@@ -5,6 +5,7 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
+import { detachedExec } from "./detached.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
@@ -34,7 +35,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["lifecycleRss", lifecycleRss],
   ["repoOpenNodeModules", repoOpenNodeModules],
   ["repoOpenTinyFiles", repoOpenTinyFiles],
-  ["repoOpen200MB", repoOpen200MB]
+  ["repoOpen200MB", repoOpen200MB],
+  ["detachedExec", detachedExec]
 ]
 
 const only = process.argv.slice(2)

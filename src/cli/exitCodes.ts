@@ -18,22 +18,24 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   Cancelled: 72,
   // open: the source directory is missing or not a directory
   SourceInvalid: 73,
-  // diff / apply / cp: an archive from the guest broke a rule
-  ArchiveRefused: 74,
   // lock
   SessionBusy: 75,
   LockError: 76,
+  // detached sessions: nobody serves the session's control socket; the control connection failed
+  SessionNotRunning: 78,
+  ControlError: 79,
+  // forward: the guest could not connect to the port
+  ForwardRefused: 74,
   // resume: the session was made for another arch, backend, or predates that metadata
   SessionIncompatible: 77,
-  // apply: the source changed where the patch writes; the patch does not apply
-  SourceChanged: 78,
-  PatchFailed: 79,
   // VMM
   VmmError: 80,
   VmmUnavailable: 81,
   // diff / apply / cp: a path outside the repository or taken; git missing or failing on the host
   RepoPathInvalid: 82,
   RepoToolFailed: 83,
+  // diff / apply / cp: an archive from the guest broke a rule
+  ArchiveRefused: 84,
   // guest protocol
   GuestTooOld: 85,
   GuestTooNew: 86,
@@ -48,7 +50,10 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   DiskError: 94,
   // broker
   BrokerPolicyError: 95,
-  BrokerError: 96
+  BrokerError: 96,
+  // apply: the source changed where the patch writes; the patch does not apply
+  SourceChanged: 97,
+  PatchFailed: 98
 }
 
 /** anything without its own code */

@@ -9,6 +9,14 @@ import { scrub } from "./commands/scrub.js"
 import { applyCommand, cpCommand, diffCommand } from "./commands/repo.js"
 import { openCommand, resumeCommand, run } from "./commands/session.js"
 import { show } from "./commands/show.js"
+import {
+  attachCommand,
+  execCommand,
+  forwardCommand,
+  startCommand,
+  stopCommand,
+  superviseCommand
+} from "./commands/detached.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
 const subcommands = [
@@ -26,7 +34,13 @@ const subcommands = [
   image,
   diffCommand,
   applyCommand,
-  cpCommand
+  cpCommand,
+  startCommand,
+  execCommand,
+  attachCommand,
+  stopCommand,
+  forwardCommand,
+  superviseCommand
 ] as const
 
 export const abox = Command.make("abox").pipe(
