@@ -36,8 +36,18 @@ import {
 const CONTROL_BUFFER = 64
 /** events of one turn held for a slow consumer before the dispatcher (and so the socket) waits */
 const TURN_BUFFER = 256
-/** tunnel requests nobody has taken yet; more are denied */
+/**
+ * tunnel requests nobody has taken yet; while it is full the dispatcher waits, so the control
+ * queue fills and the socket is paused (back pressure on a guest that floods tunnel_open)
+ */
 const PENDING_TUNNELS = 64
+/**
+ * live channels a guest may hold open (pending, accepted or being transferred); one more is a
+ * protocol error. Each buffers at most 256 KiB, so this bounds the host's channel memory.
+ */
+export const MAX_GUEST_CHANNELS = 512
+/** after the host's EOF of a transfer, how long it waits for the guest's transfer_end by default */
+export const DEFAULT_TRANSFER_END_TIMEOUT = Duration.minutes(5)
 
 /** the version rule of protocol v4 (docs/protocol.md, "Versioning") */
 export const checkGuestProtocol = (hello: HelloMessage): Effect.Effect<void, GuestTooOld | GuestTooNew> => {
@@ -169,7 +179,7 @@ const connect = (
 ): Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> =>
   Effect.gen(function* () {
     const mux = yield* Effect.acquireRelease(
-      Effect.sync(() => new Mux(socket)),
+      Effect.sync(() => new Mux(socket, { maxControlQueue: CONTROL_BUFFER, maxChannels: MAX_GUEST_CHANNELS })),
       (m) => Effect.sync(() => m.destroy())
     )
     socket.resume()
@@ -180,7 +190,7 @@ const connect = (
     const terminated = yield* Deferred.make<never, GuestRpcError>()
     const transfers = new Map<number, Deferred.Deferred<{ files: number; bytes: number }, TransferFailed>>()
     const turns = new Map<number, Turn>()
-    const tunnelQueue = yield* Effect.acquireRelease(Queue.dropping<TunnelRequest>(PENDING_TUNNELS), (q) =>
+    const tunnelQueue = yield* Effect.acquireRelease(Queue.bounded<TunnelRequest>(PENDING_TUNNELS), (q) =>
       Queue.shutdown(q)
     )
     let phase: "hello" | "ready" | "run" = "hello"
@@ -284,12 +294,9 @@ const connect = (
             ? Effect.void
             : Deferred.succeed(pending, { files: message.files, bytes: message.bytes })
         }
-        case "tunnel_open": {
-          const request = tunnelRequest(message.channel, message.host, message.port)
-          return Effect.flatMap(Queue.offer(tunnelQueue, request), (taken) =>
-            taken ? Effect.void : request.deny("too many pending tunnels")
-          )
-        }
+        case "tunnel_open":
+          // waits while PENDING_TUNNELS are untaken: back pressure, never a dropped request
+          return Queue.offer(tunnelQueue, tunnelRequest(message.channel, message.host, message.port))
         case "tunnel_close": // the mux has dropped the channel; its reader fails
           return Effect.void
         case "error": {
@@ -404,6 +411,7 @@ const connect = (
     })
     const helloMessage = yield* handshake.pipe(Effect.tapError(() => Effect.sync(() => mux.close())))
 
+    const transferEndTimeout = Duration.decode(options.transferEndTimeout ?? DEFAULT_TRANSFER_END_TIMEOUT)
     let nextTurn = (helloMessage.contextTurns ?? 0) + 1
     let nextChannel = 2
 
@@ -439,7 +447,18 @@ const connect = (
           Effect.zipRight(
             Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) })
           ),
-          Effect.zipRight(awaitOrTerminated(result))
+          Effect.zipRight(
+            awaitOrTerminated(result).pipe(
+              Effect.timeoutFail({
+                duration: transferEndTimeout,
+                onTimeout: () =>
+                  new GuestTimeout({
+                    waitingFor: "transfer_end",
+                    message: `the guest did not confirm the transfer within ${Duration.format(transferEndTimeout)} of its end`
+                  })
+              })
+            )
+          )
         )
         // the guest may refuse the transfer while we are still sending: stop writing then
         const refused = Effect.zipRight(Deferred.await(result), Effect.never)

@@ -591,12 +591,43 @@ export class Mux {
       this.protocolError(cause instanceof FrameError ? cause.reason : String(cause), cause)
       return
     }
-    for (const frame of frames) {
+    this.backlog = this.backlogAt < this.backlog.length ? [...this.backlog.slice(this.backlogAt), ...frames] : frames
+    this.backlogAt = 0
+    this.processBacklog()
+  }
+
+  /**
+   * Frames of the chunks read so far, handled in order until the control queue is full: one
+   * chunk can hold hundreds of small frames, and the pause must take effect between frames (a
+   * peer's opens would otherwise outrun the bound by a chunk's worth), not only between reads.
+   */
+  private backlog: Array<Frame> = []
+  private backlogAt = 0
+  private processing = false
+
+  private processBacklog(): void {
+    if (this.processing) return
+    this.processing = true
+    try {
+      this.drainBacklog()
+    } finally {
+      this.processing = false
+    }
+  }
+
+  private drainBacklog(): void {
+    while (this.backlogAt < this.backlog.length && !this.paused) {
+      if (this.closed || this.error !== undefined) return
+      const frame = this.backlog[this.backlogAt++]!
       const problem = this.onFrame(frame)
       if (problem !== undefined) {
         this.protocolError(problem.reason, problem.cause)
         return
       }
+    }
+    if (this.backlogAt >= this.backlog.length) {
+      this.backlog = []
+      this.backlogAt = 0
     }
   }
 
@@ -659,7 +690,8 @@ export class Mux {
       this.stream.pause()
     } else if (this.paused && held < this.maxControlQueue) {
       this.paused = false
-      if (!this.closed) this.stream.resume()
+      this.processBacklog()
+      if (!this.paused && !this.closed) this.stream.resume()
     }
   }
 

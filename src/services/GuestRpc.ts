@@ -83,6 +83,8 @@ export interface GuestConnection {
 export interface GuestRpcOptions {
   readonly helloTimeout: Duration.DurationInput
   readonly shutdownTimeout: Duration.DurationInput
+  /** after the tar's EOF, the bound on the wait for `transfer_end` (default 5 minutes) */
+  readonly transferEndTimeout?: Duration.DurationInput
 }
 
 /**
