@@ -18,7 +18,7 @@ import { makeHttpsBroker } from "../src/layers/HttpsBrokerLive.js"
 import { encodeFrame, FrameKind } from "../src/protocol/Frame.js"
 import type { ControlMessage } from "../src/protocol/Messages.js"
 import { encodeControlPayload, Mux } from "../src/protocol/Mux.js"
-import { GuestRpc } from "../src/services/GuestRpc.js"
+import { GuestRpc, type TunnelRequest } from "../src/services/GuestRpc.js"
 
 const dir = mkdtempSync(join(tmpdir(), "abox-flood-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
@@ -78,7 +78,8 @@ describe("a guest that floods tunnel_open", () => {
         const flood = Buffer.concat(frames)
         // the guest floods and reads nothing back: the host's refusals back up in the socket
         socket.pause()
-        socket.write(flood)
+        // in small writes, so that writableLength tells what the host has not taken yet
+        for (let at = 0; at < flood.length; at += 8192) socket.write(flood.subarray(at, at + 8192))
 
         // once its refusals cannot be sent, the host stops reading: most of the flood stays in
         // the guest's own socket buffer (the host reads what its bounded queues and the socket's
@@ -88,6 +89,7 @@ describe("a guest that floods tunnel_open", () => {
           last = socket.writableLength
           yield* sleep(200)
         }
+        console.error(`flood: host took ${flood.length - socket.writableLength} of ${flood.length} bytes while the guest did not read`)
         expect(socket.writableLength).toBeGreaterThan(flood.length / 4)
         expect(yield* session.active).toBeLessThanOrEqual(64)
 
@@ -96,10 +98,10 @@ describe("a guest that floods tunnel_open", () => {
         for (let i = 0; i < 600 && denied < FLOOD; i++) yield* sleep(100)
         expect(denied).toBe(FLOOD)
         expect(peak - baseline).toBeLessThan(192 * MiB)
-        // each refusal is logged once (the line follows its tunnel_deny)
-        const logLines = () => readFileSync(join(sessionDir, "broker.log"), "utf8").split("\n").length - 1
-        for (let i = 0; i < 100 && logLines() < FLOOD; i++) yield* sleep(100)
-        expect(logLines()).toBe(FLOOD)
+        // the refusals are in broker.log (repeated denials are summarised: a bounded log)
+        const log = readFileSync(join(sessionDir, "broker.log"), "utf8")
+        expect(log).toContain("h.test")
+        expect(log.length).toBeLessThan(MiB)
         console.error(`flood: ${FLOOD} refused; heap peak ${((peak - baseline) / MiB).toFixed(1)} MiB above baseline`)
 
         // and the connection still works
@@ -107,5 +109,32 @@ describe("a guest that floods tunnel_open", () => {
         expect([...events].at(-1)).toMatchObject({ _tag: "End", exitCode: 0 })
       }).pipe(Effect.scoped, Effect.provide(GuestRpcLive), Effect.provide(NodeFileSystem.layer)),
     120_000
+  )
+
+  it.scoped("the broker serves a stream of requests with at most maxTunnels + 1 in hand, whatever their number", () =>
+    Effect.gen(function* () {
+      const broker = yield* makeHttpsBroker({ maxTunnels: 8 })
+      const policy = yield* decodePolicy({ format: 1, allow: [] })
+      const session = yield* broker.make(policy, { sessionId: "s-bound", sessionDir: mkdtempSync(join(dir, "s-")) })
+      let inHand = 0
+      let taken = 0
+      // refusals that never complete (a guest that reads nothing back)
+      const requests = Stream.range(1, 1000).pipe(
+        Stream.tap(() => Effect.sync(() => taken++)),
+        Stream.map(
+          (i): TunnelRequest => ({
+            channel: 2 * i - 1,
+            host: "h.test",
+            port: 443,
+            accept: () => Effect.die("not accepted"),
+            deny: () => Effect.zipRight(Effect.sync(() => inHand++), Effect.never)
+          })
+        )
+      )
+      yield* Effect.forkScoped(session.serve(requests))
+      yield* sleep(300)
+      expect(inHand).toBe(9)
+      expect(taken).toBeLessThanOrEqual(10)
+    }).pipe(Effect.provide(NodeFileSystem.layer))
   )
 })

@@ -197,6 +197,29 @@ describe("GuestRpcLive over a real unix socket", () => {
     }).pipe(provide)
   )
 
+  it.scoped("a guest that reads a transfer to its EOF and never sends transfer_end: GuestTimeout (TestClock)", () =>
+    Effect.gen(function* () {
+      const path = socketPath()
+      const { accept } = yield* listen(path, { ...options, transferEndTimeout: "30 seconds" })
+      const guestP = fakeGuest(path, (guest, m) => {
+        // drain the tar, then say nothing
+        if (m.type === "transfer_begin") void (async () => { for await (const _ of guest.mux.channel(m.channel).readable); })()
+      })
+      const conn = yield* accept
+      yield* Effect.promise(() => guestP)
+      const f = yield* Effect.fork(conn.transfer(Stream.make(new Uint8Array(1000)), "/work/repo"))
+      yield* realDelay(100)
+      yield* TestClock.adjust("29 seconds")
+      yield* realDelay(20)
+      expect(f.unsafePoll()).toBeNull()
+      yield* TestClock.adjust("1 second")
+      expect(yield* Fiber.join(f).pipe(Effect.flip)).toMatchObject({
+        _tag: "GuestTimeout",
+        waitingFor: "transfer_end"
+      })
+    }).pipe(provide)
+  )
+
   it.scoped("a guest that ignores shutdown: the bounded wait ends with GuestTimeout (TestClock)", () =>
     Effect.gen(function* () {
       const path = socketPath()

@@ -422,6 +422,31 @@ describe("Mux", () => {
     guest.destroy()
   })
 
+  it("a control queue bound holds between the frames of one chunk: 1,000 messages in one write, 4 held", async () => {
+    const [a, raw] = await socketPair()
+    const host = new Mux(a, { maxControlQueue: 4 })
+    const release: Array<() => void> = []
+    let delivered = 0
+    host.onControl(() => {
+      delivered++
+      return new Promise<void>((r) => release.push(r))
+    })
+    const frames: Array<Uint8Array> = []
+    for (let id = 1; id < 2000; id += 2) frames.push(control({ type: "tunnel_open", channel: id, host: "h.test", port: 443 }))
+    raw.write(Buffer.concat(frames))
+    await new Promise((r) => setTimeout(r, 100))
+    expect(delivered).toBe(4)
+    // opens not yet handled have opened no channel either
+    expect(host.liveChannels).toBeLessThanOrEqual(4)
+    while (delivered < 1000) {
+      release.splice(0).forEach((r) => r())
+      await new Promise((r) => setTimeout(r, 1))
+    }
+    expect(delivered).toBe(1000)
+    host.destroy()
+    raw.destroy()
+  })
+
   it("a channel reader fails when the connection drops before EOF, but keeps a finished peer's bytes", async () => {
     const [a, raw] = await socketPair()
     const mux = new Mux(a)
