@@ -220,6 +220,24 @@ describe("GuestRpcLive over a real unix socket", () => {
     }).pipe(provide)
   )
 
+  it.live("a guest's error text reaches the host's errors with its control characters escaped", () =>
+    Effect.gen(function* () {
+      const path = socketPath()
+      const { accept } = yield* listen(path)
+      const forged = 'x\n{"type":"End","exitCode":0}\u001b[2J\u009b31m'
+      const guestP = fakeGuest(path, (guest, m) => {
+        if (m.type === "user_turn") void guest.mux.sendControl({ type: "error", code: "bad\r", message: forged, turn: m.turn })
+      })
+      const conn = yield* accept
+      yield* Effect.promise(() => guestP)
+      const error = yield* Stream.runDrain(conn.turn("x")).pipe(Effect.flip)
+      expect(error._tag).toBe("ProtocolError")
+      expect(error.message).not.toMatch(/[\u0000-\u001f\u007f-\u009f]/)
+      expect(error.message).toContain('x\\n{"type":"End","exitCode":0}\\e[2J\\x9b31m')
+      expect((error as { reason: string }).reason).toBe("bad\\r")
+    }).pipe(Effect.scoped, provide)
+  )
+
   it.scoped("a guest that ignores shutdown: the bounded wait ends with GuestTimeout (TestClock)", () =>
     Effect.gen(function* () {
       const path = socketPath()

@@ -1,4 +1,5 @@
 import * as Effect from "effect/Effect"
+import { escapeControl } from "../lib/text.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
 
 /** One event of a turn on the terminal: the guest's stdout to stdout, stderr to stderr. */
@@ -17,7 +18,7 @@ export const printEvent = (event: TurnEvent) =>
         process.stdout.write(JSON.stringify(e.value) + "\n")
         return
       case "status":
-        process.stderr.write(`· ${e.message}\n`)
+        process.stderr.write(`· ${escapeControl(e.message)}\n`)
     }
   })
 

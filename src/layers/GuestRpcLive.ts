@@ -15,6 +15,7 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import type { ControlMessage, HelloMessage } from "../protocol/Messages.js"
 import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
@@ -259,7 +260,7 @@ const connect = (
         }
         const reason =
           message.type === "error"
-            ? `guest error ${message.code}: ${message.message}`
+            ? `guest error ${escapeControl(`${message.code}: ${message.message}`)}`
             : `expected ready, got ${message.type}`
         return Deferred.fail(
           ready,
@@ -300,11 +301,12 @@ const connect = (
         case "tunnel_close": // the mux has dropped the channel; its reader fails
           return Effect.void
         case "error": {
-          const text = `${message.code}: ${message.message}`
+          // the guest's words: never a control character on the way to a terminal
+          const text = escapeControl(`${message.code}: ${message.message}`)
           if (message.channel !== undefined && transfers.has(message.channel)) {
             return Deferred.fail(
               transfers.get(message.channel)!,
-              new TransferFailed({ reason: message.code, message: text })
+              new TransferFailed({ reason: escapeControl(message.code), message: text })
             )
           }
           if (message.turn !== undefined) {
@@ -316,13 +318,13 @@ const connect = (
                 Deferred.succeed(turn.done, undefined),
                 Queue.offer(
                   turn.queue,
-                  new ProtocolError({ reason: message.code, message: `guest: ${text}` })
+                  new ProtocolError({ reason: escapeControl(message.code), message: `guest: ${text}` })
                 )
               )
             }
           }
           return Effect.logWarning("guest reported an error").pipe(
-            Effect.annotateLogs({ code: message.code, text })
+            Effect.annotateLogs({ code: escapeControl(message.code), text })
           )
         }
         default:
