@@ -48,10 +48,22 @@ describe("a guest that floods tunnel_open", () => {
         guest.onControl((m: ControlMessage) => {
           if (m.type === "tunnel_deny") denied++
           if (m.type === "user_turn")
-            return guest.sendControl({ type: "turn_end", turn: m.turn, exitCode: 0, signal: null, cancelled: false })
+            return guest.sendControl({
+              type: "turn_end",
+              turn: m.turn,
+              exitCode: 0,
+              signal: null,
+              cancelled: false
+            })
           if (m.type === "shutdown") guest.close()
         })
-        void guest.sendControl({ type: "hello", protocol: 4, arch: "x86_64", build: "hostile", contextTurns: 0 })
+        void guest.sendControl({
+          type: "hello",
+          protocol: 4,
+          arch: "x86_64",
+          build: "hostile",
+          contextTurns: 0
+        })
         void guest.sendControl({ type: "ready" })
         const conn = yield* accept
 
@@ -72,8 +84,15 @@ describe("a guest that floods tunnel_open", () => {
 
         const frames: Array<Uint8Array> = []
         for (let i = 0; i < FLOOD; i++) {
-          const message: ControlMessage = { type: "tunnel_open", channel: 2 * i + 1, host: "h.test", port: 443 }
-          frames.push(encodeFrame({ channel: 0, kind: FrameKind.Control, payload: encodeControlPayload(message) }))
+          const message: ControlMessage = {
+            type: "tunnel_open",
+            channel: 2 * i + 1,
+            host: "h.test",
+            port: 443
+          }
+          frames.push(
+            encodeFrame({ channel: 0, kind: FrameKind.Control, payload: encodeControlPayload(message) })
+          )
         }
         const flood = Buffer.concat(frames)
         // the guest floods and reads nothing back: the host's refusals back up in the socket
@@ -89,7 +108,9 @@ describe("a guest that floods tunnel_open", () => {
           last = socket.writableLength
           yield* sleep(200)
         }
-        console.error(`flood: host took ${flood.length - socket.writableLength} of ${flood.length} bytes while the guest did not read`)
+        console.error(
+          `flood: host took ${flood.length - socket.writableLength} of ${flood.length} bytes while the guest did not read`
+        )
         expect(socket.writableLength).toBeGreaterThan(flood.length / 4)
         expect(yield* session.active).toBeLessThanOrEqual(64)
 
@@ -102,7 +123,9 @@ describe("a guest that floods tunnel_open", () => {
         const log = readFileSync(join(sessionDir, "broker.log"), "utf8")
         expect(log).toContain("h.test")
         expect(log.length).toBeLessThan(MiB)
-        console.error(`flood: ${FLOOD} refused; heap peak ${((peak - baseline) / MiB).toFixed(1)} MiB above baseline`)
+        console.error(
+          `flood: ${FLOOD} refused; heap peak ${((peak - baseline) / MiB).toFixed(1)} MiB above baseline`
+        )
 
         // and the connection still works
         const events = yield* Stream.runCollect(conn.turn("true"))
@@ -111,30 +134,37 @@ describe("a guest that floods tunnel_open", () => {
     120_000
   )
 
-  it.scoped("the broker serves a stream of requests with at most maxTunnels + 1 in hand, whatever their number", () =>
-    Effect.gen(function* () {
-      const broker = yield* makeHttpsBroker({ maxTunnels: 8 })
-      const policy = yield* decodePolicy({ format: 1, allow: [] })
-      const session = yield* broker.make(policy, { sessionId: "s-bound", sessionDir: mkdtempSync(join(dir, "s-")) })
-      let inHand = 0
-      let taken = 0
-      // refusals that never complete (a guest that reads nothing back)
-      const requests = Stream.range(1, 1000).pipe(
-        Stream.tap(() => Effect.sync(() => taken++)),
-        Stream.map(
-          (i): TunnelRequest => ({
+  it.scoped(
+    "the broker serves a stream of requests with at most maxTunnels + 1 in hand, whatever their number",
+    () =>
+      Effect.gen(function* () {
+        const broker = yield* makeHttpsBroker({ maxTunnels: 8 })
+        const policy = yield* decodePolicy({ format: 1, allow: [] })
+        const session = yield* broker.make(policy, {
+          sessionId: "s-bound",
+          sessionDir: mkdtempSync(join(dir, "s-"))
+        })
+        let inHand = 0
+        let taken = 0
+        // refusals that never complete (a guest that reads nothing back)
+        const requests = Stream.range(1, 1000).pipe(
+          Stream.tap(() => Effect.sync(() => taken++)),
+          Stream.map((i): TunnelRequest => ({
             channel: 2 * i - 1,
             host: "h.test",
             port: 443,
             accept: () => Effect.die("not accepted"),
-            deny: () => Effect.zipRight(Effect.sync(() => inHand++), Effect.never)
-          })
+            deny: () =>
+              Effect.zipRight(
+                Effect.sync(() => inHand++),
+                Effect.never
+              )
+          }))
         )
-      )
-      yield* Effect.forkScoped(session.serve(requests))
-      yield* sleep(300)
-      expect(inHand).toBe(9)
-      expect(taken).toBeLessThanOrEqual(10)
-    }).pipe(Effect.provide(NodeFileSystem.layer))
+        yield* Effect.forkScoped(session.serve(requests))
+        yield* sleep(300)
+        expect(inHand).toBe(9)
+        expect(taken).toBeLessThanOrEqual(10)
+      }).pipe(Effect.provide(NodeFileSystem.layer))
   )
 })

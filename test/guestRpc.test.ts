@@ -220,6 +220,32 @@ describe("GuestRpcLive over a real unix socket", () => {
     }).pipe(provide)
   )
 
+  it.live("output events carry their exact bytes: base64 from a current guest, UTF-8 of data from an old one", () =>
+    Effect.gen(function* () {
+      const path = socketPath()
+      const { accept } = yield* listen(path)
+      const binary = Buffer.from([0xff, 0x00, 0xfe, 0x41])
+      const guestP = fakeGuest(path, async (guest, m) => {
+        if (m.type !== "user_turn") return
+        const event = (e: Extract<ControlMessage, { type: "agent_event" }>["event"]) =>
+          guest.mux.sendControl({ type: "agent_event", turn: m.turn, event: e })
+        await event({ kind: "stdout", data: "\ufffd\u0000\ufffdA", base64: binary.toString("base64") })
+        await event({ kind: "stderr", data: "h\u00e9llo" }) // an old guest: no base64
+        await event({ kind: "status", message: "note" })
+        await guest.mux.sendControl({ type: "turn_end", turn: m.turn, exitCode: 0, signal: null, cancelled: false })
+      })
+      const conn = yield* accept
+      yield* Effect.promise(() => guestP)
+      const events = Chunk.toReadonlyArray(yield* Stream.runCollect(conn.turn("x")))
+      const [out, err, status] = events
+      expect(out).toMatchObject({ _tag: "Event", event: { kind: "stdout", data: "\ufffd\u0000\ufffdA" } })
+      expect(Buffer.from((out as { bytes: Uint8Array }).bytes).equals(binary)).toBe(true)
+      expect("base64" in (out as { event: object }).event).toBe(false)
+      expect(Buffer.from((err as { bytes: Uint8Array }).bytes).toString("utf8")).toBe("h\u00e9llo")
+      expect(status).toEqual({ _tag: "Event", event: { kind: "status", message: "note" } })
+    }).pipe(Effect.scoped, provide)
+  )
+
   it.live("a guest's error text reaches the host's errors with its control characters escaped", () =>
     Effect.gen(function* () {
       const path = socketPath()
@@ -373,7 +399,7 @@ describe("GuestRpcLive over a real unix socket", () => {
       const conn = yield* accept
       const events = Chunk.toReadonlyArray(yield* Stream.runCollect(conn.turn("echo hi")))
       expect(events).toEqual([
-        { _tag: "Event", event: { kind: "stdout", data: "hi\n" } },
+        { _tag: "Event", event: { kind: "stdout", data: "hi\n" }, bytes: new TextEncoder().encode("hi\n") },
         { _tag: "Event", event: { kind: "json", value: { a: [1] } } },
         { _tag: "End", exitCode: 0, signal: null, cancelled: false }
       ])

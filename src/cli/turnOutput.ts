@@ -9,10 +9,10 @@ export const printEvent = (event: TurnEvent) =>
     const e = event.event
     switch (e.kind) {
       case "stdout":
-        process.stdout.write(e.data)
+        process.stdout.write(event.bytes ?? e.data)
         return
       case "stderr":
-        process.stderr.write(e.data)
+        process.stderr.write(event.bytes ?? e.data)
         return
       case "json":
         process.stdout.write(JSON.stringify(e.value) + "\n")
@@ -21,6 +21,22 @@ export const printEvent = (event: TurnEvent) =>
         process.stderr.write(`· ${escapeControl(e.message)}\n`)
     }
   })
+
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
+
+/**
+ * A turn event as `--json` prints it: stdout/stderr carry `data` (text) when the chunk is valid
+ * UTF-8, else `base64` (the exact bytes) instead; other events as they are.
+ */
+export const jsonEvent = (event: TurnEvent): unknown => {
+  if (event._tag !== "Event" || event.bytes === undefined) return event
+  const kind = event.event.kind
+  try {
+    return { _tag: "Event", event: { kind, data: strictUtf8.decode(event.bytes) } }
+  } catch {
+    return { _tag: "Event", event: { kind, base64: Buffer.from(event.bytes).toString("base64") } }
+  }
+}
 
 /** the shell's convention for the end of a turn: its exit code, or 128 + the signal's number */
 export const turnExitCode = (end: TurnEvent | undefined): number => {

@@ -13,7 +13,7 @@ import * as Stream from "effect/Stream"
 // liveness probe before a stale file is unlinked.
 import * as fs from "node:fs"
 import * as net from "node:net"
-import type { ControlMessage, HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, ControlMessage, HelloMessage } from "../protocol/Messages.js"
 import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
@@ -159,6 +159,15 @@ const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: string) {
   return connections
 })
 
+const utf8 = new TextEncoder()
+
+/** a guest's event for the turn's consumers: stdout/stderr with their exact bytes (old guests: UTF-8 of data) */
+const turnEvent = (event: AgentEvent): TurnEvent => {
+  if (event.kind !== "stdout" && event.kind !== "stderr") return { _tag: "Event", event }
+  const bytes = event.base64 !== undefined ? Buffer.from(event.base64, "base64") : utf8.encode(event.data)
+  return { _tag: "Event", event: { kind: event.kind, data: event.data }, bytes }
+}
+
 const isTurnEvent = (item: TurnEvent | GuestRpcError): item is TurnEvent =>
   item._tag === "Event" || item._tag === "End"
 
@@ -272,7 +281,7 @@ const connect = (
           const turn = turns.get(message.turn)
           return turn === undefined || turn.abandoned
             ? Effect.void
-            : Queue.offer(turn.queue, { _tag: "Event", event: message.event })
+            : Queue.offer(turn.queue, turnEvent(message.event))
         }
         case "turn_end": {
           const turn = turns.get(message.turn)

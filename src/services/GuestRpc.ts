@@ -49,7 +49,15 @@ export interface TurnResult {
 
 /** One event of a turn as the SDK and CLI see it: the guest's events, then the end. */
 export type TurnEvent =
-  | { readonly _tag: "Event"; readonly event: AgentEvent }
+  | {
+      readonly _tag: "Event"
+      readonly event: AgentEvent
+      /**
+       * stdout and stderr events: exactly the bytes the turn wrote (`event.data` is their text,
+       * lossy when they are not UTF-8). Absent on other kinds.
+       */
+      readonly bytes?: Uint8Array
+    }
   | ({ readonly _tag: "End" } & TurnResult)
 
 /** A tunnel the guest asked for (broker): the host accepts or denies, then bytes flow. */
