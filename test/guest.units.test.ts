@@ -11,7 +11,9 @@ import { archName, resolveTarget } from "../src/guest/agent.js"
 import { ensureStateDir, loadContext, saveContext, type ContextTurn } from "../src/guest/context.js"
 import { DEFAULT_FLAGS, parseArgs, rpcTarget } from "../src/guest/flags.js"
 import { incompleteUtf8Tail, MAX_EVENT_BYTES, OutputChunker } from "../src/guest/turns.js"
+import { MAX_TUNNELS, TunnelClient } from "../src/guest/tunnels.js"
 import { resolveUser } from "../src/guest/user.js"
+import type { AgentLink } from "../src/guest/agent.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
 
 const tmp = () => fs.mkdtempSync(path.join(os.tmpdir(), "abox-guest-unit-"))
@@ -200,5 +202,28 @@ describe("guest output chunking (byte-exact)", () => {
       { kind: "stdout", data: "h" },
       { kind: "stdout", data: "\ufffd", base64: "ww==" }
     ])
+  })
+})
+
+describe("guest tunnels", () => {
+  it("holds at most MAX_TUNNELS at once: the next CONNECT is refused in the guest, never sent", async () => {
+    let sent = 0
+    const channels: Array<number> = []
+    const link = {
+      sendControl: () => {
+        sent++
+        return new Promise<void>(() => undefined) // the host never answers
+      },
+      channel: (id: number) => {
+        channels.push(id)
+        return { destroy: () => undefined }
+      }
+    } as unknown as AgentLink
+    const client = new TunnelClient(link, () => undefined)
+    for (let i = 0; i < MAX_TUNNELS; i++) void client.request("h.test", 443)
+    expect(await client.request("h.test", 443)).toEqual({ ok: false, reason: `too many tunnels (${MAX_TUNNELS}) open at once` })
+    expect(sent).toBe(MAX_TUNNELS)
+    // ids count up by two from 1: what the host requires
+    expect(channels.slice(0, 3)).toEqual([1, 3, 5])
   })
 })
