@@ -61,11 +61,10 @@ const newSession = () => {
 
 describe.skipIf(skip !== undefined)("abox CLI on a real VM", () => {
   it("one boot: 100,000 random bytes through `abox run … > f` arrive byte for byte; a turn can neither ptrace nor make a user namespace", () => {
-    const turn = [
-      "head -c 100000 /dev/urandom > /tmp/r; cat /tmp/r",
-      "{ sha256sum < /tmp/r; cat /proc/sys/kernel/yama/ptrace_scope /proc/sys/user/max_user_namespaces;",
+    const turn =
+      "head -c 100000 /dev/urandom > /tmp/r; cat /tmp/r; " +
+      "{ sha256sum < /tmp/r; cat /proc/sys/kernel/yama/ptrace_scope /proc/sys/user/max_user_namespaces; " +
       "if unshare -U true 2>/dev/null; then echo userns-allowed; else echo userns-refused; fi; } >&2"
-    ].join("; ")
     const r = spawnSync(process.execPath, [cli, "run", source, "--", turn], { env: env(), timeout: 300_000 })
     const stderr = r.stderr.toString("utf8")
     expect(r.status, stderr).toBe(0)
