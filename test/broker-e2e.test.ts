@@ -663,6 +663,43 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
     )
   )
 
+  it.live(
+    "a flood of 20,000 denied tunnels writes a bounded broker.log, with the count of what was not written",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const fs = yield* FileSystem.FileSystem
+          const sessionDir = yield* fs.makeTempDirectoryScoped()
+          const policy = yield* decodePolicy({ format: 1, allow: [{ host: "allowed.com", ports: [443] }] })
+          const broker = yield* makeHttpsBroker({ resolve: () => Promise.resolve(["93.184.215.14"]) })
+          const logPath = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* broker.make(policy, { sessionId: "s-flood", sessionDir })
+              yield* Effect.forEach(
+                Array.from({ length: 20_000 }, (_, i) => i),
+                (i) =>
+                  session.handle(
+                    inMemoryTunnel(2 * i + 1, `h${i}-${"x".repeat(200)}.evil.example`, 443).request
+                  ),
+                { concurrency: "unbounded", discard: true }
+              )
+              return session.logPath
+            })
+          )
+          const size = (yield* fs.stat(logPath)).size
+          expect(Number(size)).toBeLessThan(128 * 1024)
+          const log = (yield* readBrokerLog(logPath)).entries
+          const denials = log.filter((e) => e.event === "open")
+          expect(denials.length).toBeGreaterThan(0)
+          expect(denials.length).toBeLessThanOrEqual(100)
+          const suppressed = log
+            .filter((e) => e.event === "suppressed")
+            .reduce((n, e) => n + (e.count ?? 0), 0)
+          expect(denials.length + suppressed).toBe(20_000)
+        })
+      )
+  )
+
   it.live("closing the session's scope ends its open tunnels and still logs their close", () =>
     scoped(
       Effect.gen(function* () {
@@ -791,11 +828,12 @@ describe("HttpsBroker credential hosts: framing and the placeholder", () => {
           responseComplete
         )
         expect(early).toMatch(/^HTTP\/1\.1 200/)
-        const next = yield* exchange(
-          socket,
-          `678901234567890GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
-          (t) => responseComplete(t)
-        )
+        // the rest of the body; then, once a reusable connection would be back in the pool, the next request
+        socket.write("678901234567890")
+        yield* Effect.sleep("300 millis")
+        const started = Date.now()
+        const next = yield* exchange(socket, `GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`, responseComplete)
+        expect(Date.now() - started).toBeLessThan(4000)
         expect(next).toMatch(/^HTTP\/1\.1 200/)
         socket.destroy()
         expect(env.upstream.seen.map((r) => [r.method, r.url])).toEqual([

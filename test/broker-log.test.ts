@@ -202,6 +202,13 @@ describe("broker.log printed", () => {
       expect(lines[0]).toBe("(unreadable line 1)")
       expect(lines[1]).toContain("#3")
       expect(lines).toHaveLength(2)
+      // a log that cannot be read is an error, not an empty log
+      const broken = path.join(dir, "broken")
+      yield* fs.makeDirectory(path.join(broken, "broker.log"), { recursive: true })
+      const failed = yield* Stream.runCollect(streamBrokerLog(path.join(broken, "broker.log"))).pipe(
+        Effect.flip
+      )
+      expect(failed._tag).toBe("SystemError")
     }).pipe(Effect.scoped, Effect.provide(NodeFileSystem.layer))
   )
 })

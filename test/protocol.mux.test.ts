@@ -301,7 +301,7 @@ describe("Mux", () => {
     expect(await violation([open(5), open(3)])).toMatch(/channel 3, an id already used/)
     expect(
       await violation([control({ type: "transfer_begin", channel: 3, format: "tar", target: "/w" })])
-    ).toMatch(/transfers use even ids/)
+    ).toMatch(/the host opens even ids/)
     // a bound on live channels: the 5th open of a mux that holds 4 closes the connection
     const [a, raw] = await socketPair()
     const mux = new Mux(a, { maxChannels: 4 })

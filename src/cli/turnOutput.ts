@@ -2,6 +2,14 @@ import * as Effect from "effect/Effect"
 import { escapeControl } from "../lib/text.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
 
+/** the exact bytes of a stdout/stderr event (`bytes`, else its `base64` as relayed, else its text) */
+const outputBytes = (event: TurnEvent): Uint8Array | undefined => {
+  if (event._tag !== "Event" || (event.event.kind !== "stdout" && event.event.kind !== "stderr")) return undefined
+  if (event.bytes !== undefined) return event.bytes
+  const e = event.event
+  return e.base64 !== undefined ? Buffer.from(e.base64, "base64") : Buffer.from(e.data, "utf8")
+}
+
 /** One event of a turn on the terminal: the guest's stdout to stdout, stderr to stderr. */
 export const printEvent = (event: TurnEvent) =>
   Effect.sync(() => {
@@ -9,10 +17,10 @@ export const printEvent = (event: TurnEvent) =>
     const e = event.event
     switch (e.kind) {
       case "stdout":
-        process.stdout.write(event.bytes ?? e.data)
+        process.stdout.write(outputBytes(event)!)
         return
       case "stderr":
-        process.stderr.write(event.bytes ?? e.data)
+        process.stderr.write(outputBytes(event)!)
         return
       case "json":
         process.stdout.write(JSON.stringify(e.value) + "\n")
@@ -29,12 +37,13 @@ const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
  * UTF-8, else `base64` (the exact bytes) instead; other events as they are.
  */
 export const jsonEvent = (event: TurnEvent): unknown => {
-  if (event._tag !== "Event" || event.bytes === undefined) return event
+  const bytes = outputBytes(event)
+  if (event._tag !== "Event" || bytes === undefined) return event
   const kind = event.event.kind
   try {
-    return { _tag: "Event", event: { kind, data: strictUtf8.decode(event.bytes) } }
+    return { _tag: "Event", event: { kind, data: strictUtf8.decode(bytes) } }
   } catch {
-    return { _tag: "Event", event: { kind, base64: Buffer.from(event.bytes).toString("base64") } }
+    return { _tag: "Event", event: { kind, base64: Buffer.from(bytes).toString("base64") } }
   }
 }
 

@@ -29,6 +29,7 @@ import {
 import {
   type BrokerPolicy,
   checkResolved,
+  credentialHeaderValue,
   type CredentialRule,
   decide,
   decodePolicyJson
@@ -102,14 +103,6 @@ const expandHome = (file: string) =>
   file === "~" || file.startsWith("~/") ? path.join(os.homedir(), file.slice(1)) : file
 
 const MAX_SECRET_FILE = 64 * 1024
-
-/** the header value for a secret: `format` applied, then basic auth when the rule names a user */
-export const credentialHeaderValue = (rule: CredentialRule, secret: string): string => {
-  const formatted = rule.format === undefined ? secret : rule.format.replaceAll("{}", secret)
-  return rule.basicUser === undefined
-    ? formatted
-    : `Basic ${Buffer.from(`${rule.basicUser}:${formatted}`, "utf8").toString("base64")}`
-}
 
 export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
   Effect.gen(function* () {

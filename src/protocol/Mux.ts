@@ -535,7 +535,7 @@ export class Mux {
 
   /** control messages that open or close channels, in either direction */
   private noteOutgoing(message: ControlMessage): void {
-    if (message.type === "transfer_begin") this.open(message.channel)
+    if (message.type === "transfer_begin" || message.type === "forward_open") this.open(message.channel)
     else if (message.type === "tunnel_deny" || message.type === "tunnel_close") {
       const channel = this.channels.get(message.channel)
       if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed`)
@@ -549,16 +549,17 @@ export class Mux {
         if (message.window !== undefined) this.peerWindow = message.window
         return undefined
       case "transfer_begin":
-      case "tunnel_open": {
+      case "tunnel_open":
+      case "forward_open": {
         const id = message.channel
         if (!Number.isInteger(id) || id < 1 || id > MAX_CHANNEL_ID) {
           return new MuxError(`${message.type} names channel ${id}, not a data channel`)
         }
         // the host opens even ids (transfers), the guest odd ones (tunnels); each side counts up
-        const parity = message.type === "transfer_begin" ? 0 : 1
+        const parity = message.type === "tunnel_open" ? 1 : 0
         if ((id & 1) !== parity) {
           return new MuxError(
-            `${message.type} names channel ${id}: ${parity === 0 ? "transfers use even ids" : "tunnels use odd ids"}`
+            `${message.type} names channel ${id}: ${parity === 0 ? "the host opens even ids" : "tunnels use odd ids"}`
           )
         }
         if (id <= this.highest[parity]!) {

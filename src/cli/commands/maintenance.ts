@@ -10,7 +10,7 @@ import { BROKER_LOG_FILE, streamBrokerLog } from "../../lib/broker/log.js"
 import { doctor } from "../../programs/doctor.js"
 import { gc } from "../../programs/gc.js"
 import { sessionFiles } from "../../programs/session.js"
-import { SessionStore } from "../../services/SessionStore.js"
+import { SessionStore, StoreIoError } from "../../services/SessionStore.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
@@ -73,8 +73,12 @@ export const logs = Command.make(
         const dir = store.dir(id)
         if (args.broker) {
           // streamed (the log may be large) and escaped (host names are the guest's choice)
-          const printed = yield* streamBrokerLog(path.join(dir, BROKER_LOG_FILE)).pipe(
-            Stream.runFoldEffect(0, (n, line) => Effect.as(Console.log(line), n + 1))
+          const logFile = path.join(dir, BROKER_LOG_FILE)
+          const printed = yield* streamBrokerLog(logFile).pipe(
+            Stream.runFoldEffect(0, (n, line) => Effect.as(Console.log(line), n + 1)),
+            Effect.mapError(
+              (error) => new StoreIoError({ path: logFile, operation: "read", message: error.message })
+            )
           )
           if (printed === 0) yield* Console.log("(no broker decisions yet)")
           return

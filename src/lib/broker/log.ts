@@ -1,3 +1,4 @@
+import type { PlatformError } from "@effect/platform/Error"
 import * as FileSystem from "@effect/platform/FileSystem"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
@@ -284,22 +285,21 @@ export const readBrokerLog = Effect.fn("BrokerLog.read")(function* (path: string
  * broker.log (after its rotated part) as printable lines, read as a stream: one formatted line
  * per entry, `(unreadable line N)` for a line that does not decode. Nothing is held whole.
  */
-export const streamBrokerLog = (path: string): Stream.Stream<string, never, FileSystem.FileSystem> =>
+export const streamBrokerLog = (path: string): Stream.Stream<string, PlatformError, FileSystem.FileSystem> =>
   Stream.unwrap(
     Effect.gen(function* () {
       const fs = yield* FileSystem.FileSystem
-      const files: Array<string> = []
-      for (const file of [rotatedLogPath(path), path])
-        if (yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false))) files.push(file)
       let lineNo = 0
-      return Stream.fromIterable(files).pipe(
-        Stream.flatMap((file) =>
-          fs.stream(file).pipe(
-            Stream.decodeText(),
-            Stream.splitLines,
-            Stream.orElse(() => Stream.empty)
+      // a part that is not there (never rotated, or mid-rotation) is empty; other errors fail
+      const lines = (file: string) =>
+        fs.stream(file).pipe(
+          Stream.decodeText(),
+          Stream.splitLines,
+          Stream.catchAll((error) =>
+            error._tag === "SystemError" && error.reason === "NotFound" ? Stream.empty : Stream.fail(error)
           )
-        ),
+        )
+      return Stream.concat(lines(rotatedLogPath(path)), lines(path)).pipe(
         Stream.filterMap((line) => {
           lineNo++
           if (line.trim() === "") return Option.none()
