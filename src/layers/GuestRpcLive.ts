@@ -13,8 +13,9 @@ import * as Stream from "effect/Stream"
 // liveness probe before a stale file is unlinked.
 import * as fs from "node:fs"
 import * as net from "node:net"
-import type { ControlMessage, HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, ControlMessage, HelloMessage } from "../protocol/Messages.js"
 import { FEATURE_EXPORT, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
@@ -40,8 +41,18 @@ import {
 const CONTROL_BUFFER = 64
 /** events of one turn held for a slow consumer before the dispatcher (and so the socket) waits */
 const TURN_BUFFER = 256
-/** tunnel requests nobody has taken yet; more are denied */
+/**
+ * tunnel requests nobody has taken yet; while it is full the dispatcher waits, so the control
+ * queue fills and the socket is paused (back pressure on a guest that floods tunnel_open)
+ */
 const PENDING_TUNNELS = 64
+/**
+ * live channels a guest may hold open (pending, accepted or being transferred); one more is a
+ * protocol error. Each buffers at most 256 KiB, so this bounds the host's channel memory.
+ */
+export const MAX_GUEST_CHANNELS = 512
+/** after the host's EOF of a transfer, how long it waits for the guest's transfer_end by default */
+export const DEFAULT_TRANSFER_END_TIMEOUT = Duration.minutes(5)
 
 /** the version rule of protocol v4 (docs/protocol.md, "Versioning") */
 export const checkGuestProtocol = (hello: HelloMessage): Effect.Effect<void, GuestTooOld | GuestTooNew> => {
@@ -152,6 +163,15 @@ const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: string) {
   return connections
 })
 
+const utf8 = new TextEncoder()
+
+/** a guest's event for the turn's consumers: stdout/stderr with their exact bytes (old guests: UTF-8 of data) */
+const turnEvent = (event: AgentEvent): TurnEvent => {
+  if (event.kind !== "stdout" && event.kind !== "stderr") return { _tag: "Event", event }
+  const bytes = event.base64 !== undefined ? Buffer.from(event.base64, "base64") : utf8.encode(event.data)
+  return { _tag: "Event", event, bytes }
+}
+
 const isTurnEvent = (item: TurnEvent | GuestRpcError): item is TurnEvent =>
   item._tag === "Event" || item._tag === "End"
 
@@ -173,7 +193,9 @@ const connect = (
 ): Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> =>
   Effect.gen(function* () {
     const mux = yield* Effect.acquireRelease(
-      Effect.sync(() => new Mux(socket)),
+      Effect.sync(
+        () => new Mux(socket, { maxControlQueue: CONTROL_BUFFER, maxChannels: MAX_GUEST_CHANNELS })
+      ),
       (m) => Effect.sync(() => m.destroy())
     )
     socket.resume()
@@ -184,8 +206,11 @@ const connect = (
     const terminated = yield* Deferred.make<never, GuestRpcError>()
     const transfers = new Map<number, Deferred.Deferred<{ files: number; bytes: number }, TransferFailed>>()
     const turns = new Map<number, Turn>()
-    const forwards = new Map<number, { readonly port: number; readonly accepted: Deferred.Deferred<void, ForwardRefused> }>()
-    const tunnelQueue = yield* Effect.acquireRelease(Queue.dropping<TunnelRequest>(PENDING_TUNNELS), (q) =>
+    const forwards = new Map<
+      number,
+      { readonly port: number; readonly accepted: Deferred.Deferred<void, ForwardRefused> }
+    >()
+    const tunnelQueue = yield* Effect.acquireRelease(Queue.bounded<TunnelRequest>(PENDING_TUNNELS), (q) =>
       Queue.shutdown(q)
     )
     let phase: "hello" | "ready" | "run" = "hello"
@@ -254,7 +279,7 @@ const connect = (
         }
         const reason =
           message.type === "error"
-            ? `guest error ${message.code}: ${message.message}`
+            ? `guest error ${escapeControl(`${message.code}: ${message.message}`)}`
             : `expected ready, got ${message.type}`
         return Deferred.fail(
           ready,
@@ -266,7 +291,7 @@ const connect = (
           const turn = turns.get(message.turn)
           return turn === undefined || turn.abandoned
             ? Effect.void
-            : Queue.offer(turn.queue, { _tag: "Event", event: message.event })
+            : Queue.offer(turn.queue, turnEvent(message.event))
         }
         case "turn_end": {
           const turn = turns.get(message.turn)
@@ -289,12 +314,9 @@ const connect = (
             ? Effect.void
             : Deferred.succeed(pending, { files: message.files, bytes: message.bytes })
         }
-        case "tunnel_open": {
-          const request = tunnelRequest(message.channel, message.host, message.port)
-          return Effect.flatMap(Queue.offer(tunnelQueue, request), (taken) =>
-            taken ? Effect.void : request.deny("too many pending tunnels")
-          )
-        }
+        case "tunnel_open":
+          // waits while PENDING_TUNNELS are untaken: back pressure, never a dropped request
+          return Queue.offer(tunnelQueue, tunnelRequest(message.channel, message.host, message.port))
         case "tunnel_close": // the mux has dropped the channel; its reader fails
           return Effect.void
         case "forward_accept": {
@@ -302,7 +324,8 @@ const connect = (
           return pending === undefined ? Effect.void : Deferred.succeed(pending.accepted, undefined)
         }
         case "error": {
-          const text = `${message.code}: ${message.message}`
+          // the guest's words: never a control character on the way to a terminal
+          const text = escapeControl(`${message.code}: ${message.message}`)
           const forward = message.channel !== undefined ? forwards.get(message.channel) : undefined
           if (forward !== undefined) {
             return Deferred.fail(
@@ -313,7 +336,7 @@ const connect = (
           if (message.channel !== undefined && transfers.has(message.channel)) {
             return Deferred.fail(
               transfers.get(message.channel)!,
-              new TransferFailed({ reason: message.code, message: text })
+              new TransferFailed({ reason: escapeControl(message.code), message: text })
             )
           }
           if (message.turn !== undefined) {
@@ -325,13 +348,13 @@ const connect = (
                 Deferred.succeed(turn.done, undefined),
                 Queue.offer(
                   turn.queue,
-                  new ProtocolError({ reason: message.code, message: `guest: ${text}` })
+                  new ProtocolError({ reason: escapeControl(message.code), message: `guest: ${text}` })
                 )
               )
             }
           }
           return Effect.logWarning("guest reported an error").pipe(
-            Effect.annotateLogs({ code: message.code, text })
+            Effect.annotateLogs({ code: escapeControl(message.code), text })
           )
         }
         default:
@@ -347,7 +370,10 @@ const connect = (
         yield* Deferred.fail(hello, error)
         yield* Deferred.fail(ready, error)
         for (const pending of forwards.values()) {
-          yield* Deferred.fail(pending.accepted, new ForwardRefused({ port: pending.port, message: error.message }))
+          yield* Deferred.fail(
+            pending.accepted,
+            new ForwardRefused({ port: pending.port, message: error.message })
+          )
         }
         for (const pending of transfers.values()) {
           yield* Deferred.fail(pending, new TransferFailed({ reason: error._tag, message: error.message }))
@@ -423,6 +449,7 @@ const connect = (
     })
     const helloMessage = yield* handshake.pipe(Effect.tapError(() => Effect.sync(() => mux.close())))
 
+    const transferEndTimeout = Duration.decode(options.transferEndTimeout ?? DEFAULT_TRANSFER_END_TIMEOUT)
     let nextTurn = (helloMessage.contextTurns ?? 0) + 1
     let nextChannel = 2
 
@@ -465,7 +492,18 @@ const connect = (
           Effect.zipRight(
             Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) })
           ),
-          Effect.zipRight(awaitOrTerminated(result))
+          Effect.zipRight(
+            awaitOrTerminated(result).pipe(
+              Effect.timeoutFail({
+                duration: transferEndTimeout,
+                onTimeout: () =>
+                  new GuestTimeout({
+                    waitingFor: "transfer_end",
+                    message: `the guest did not confirm the transfer within ${Duration.format(transferEndTimeout)} of its end`
+                  })
+              })
+            )
+          )
         )
         // the guest may refuse the transfer while we are still sending: stop writing then
         const refused = Effect.zipRight(Deferred.await(result), Effect.never)
@@ -572,9 +610,13 @@ const connect = (
       )
 
     /** a port forward: forward_open on a fresh even channel → forward_accept (or a refusal) → bytes */
-    const forward = (port: number): Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope> =>
+    const forward = (
+      port: number
+    ): Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope> =>
       Effect.gen(function* () {
-        yield* Effect.flatMap(Deferred.poll(terminated), (done) => (Option.isSome(done) ? done.value : Effect.void))
+        yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
+          Option.isSome(done) ? done.value : Effect.void
+        )
         const id = nextChannel
         nextChannel += 2
         const accepted = yield* Deferred.make<void, ForwardRefused>()
@@ -582,7 +624,9 @@ const connect = (
         yield* Effect.addFinalizer(() =>
           Effect.sync(() => forwards.delete(id)).pipe(
             // tunnel_close also drops our end of the channel (the mux notes it going out)
-            Effect.zipRight(mux.isClosed ? Effect.void : send({ type: "tunnel_close", channel: id }).pipe(Effect.ignore))
+            Effect.zipRight(
+              mux.isClosed ? Effect.void : send({ type: "tunnel_close", channel: id }).pipe(Effect.ignore)
+            )
           )
         )
         yield* send({ type: "forward_open", channel: id, port })
@@ -593,9 +637,10 @@ const connect = (
         return {
           read: channelStream(channel),
           write: (chunk: Uint8Array) =>
-            Effect.tryPromise({ try: () => channel.write(chunk), catch: (cause) => muxFailure(mux, cause) }).pipe(
-              Effect.mapError(disconnected)
-            ),
+            Effect.tryPromise({
+              try: () => channel.write(chunk),
+              catch: (cause) => muxFailure(mux, cause)
+            }).pipe(Effect.mapError(disconnected)),
           end: Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) }).pipe(
             Effect.mapError(disconnected)
           )

@@ -11,7 +11,7 @@ import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { CliExit, edge } from "../render.js"
 import { interactive } from "../interactive.js"
 import { progressBar } from "../progress.js"
-import { printEvent, turnExitCode } from "../turnOutput.js"
+import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { startSession } from "./detached.js"
@@ -93,7 +93,7 @@ export const printTurn = (session: Session, text: string, asJson: boolean) =>
     .turn(text)
     .pipe(
       Stream.runFoldEffect(undefined as TurnEvent | undefined, (_, event) =>
-        Effect.as(asJson ? writeJsonLine({ event }) : printEvent(event), event)
+        Effect.as(asJson ? writeJsonLine({ event: jsonEvent(event) }) : printEvent(event), event)
       )
     )
 
@@ -164,22 +164,22 @@ export const openCommand = Command.make(
     args.detach
       ? edge({ json: false })(startSession(args.source, { ...args, idleTimeout: Option.none(), json: false }))
       : edge({ json: false })(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const session = yield* open({
-            ...bootOptions(args),
-            source: args.source,
-            name: Option.getOrUndefined(args.name),
-            image: Option.getOrUndefined(args.image),
-            onPhase: stepDisplay(true),
-            onProgress: progressBar(true)
-          })
-          for (const skipped of session.skipped)
-            yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-          yield* interactive(session)
-        })
-      )
-    )
+          Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* open({
+                ...bootOptions(args),
+                source: args.source,
+                name: Option.getOrUndefined(args.name),
+                image: Option.getOrUndefined(args.image),
+                onPhase: stepDisplay(true),
+                onProgress: progressBar(true)
+              })
+              for (const skipped of session.skipped)
+                yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+              yield* interactive(session)
+            })
+          )
+        )
 ).pipe(
   Command.withDescription(
     "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes)"
