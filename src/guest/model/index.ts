@@ -29,7 +29,7 @@ import type { AgentEvent } from "../../protocol/Messages.js"
 import { CREDENTIAL_PLACEHOLDER } from "../connectProxy.js"
 import type { TurnUser } from "../user.js"
 import { DEFAULT_MAX_STEPS, messagesOf, promptFromMessages, promptTurn, type Conversation } from "./loop.js"
-import { AgentToolkit, makeHandlers } from "./tools.js"
+import { AgentToolkit, killAllTools, makeHandlers } from "./tools.js"
 
 export interface ModelAgentOptions {
   /** absent: every prompt turn ends with an error saying so */
@@ -62,6 +62,8 @@ export interface ModelAgent {
   /** the conversation as context.json keeps it */
   readonly messages: () => ReadonlyArray<unknown>
   readonly close: () => Promise<void>
+  /** synchronous last resort (SIGTERM to the agent): SIGKILL every running tool's process group */
+  readonly killNow: () => void
 }
 
 const DENY_HEADER = /^x-abox-deny-reason:\s*(.*)$/im
@@ -221,6 +223,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
       return true
     },
     messages: () => messagesOf(conversation.prompt),
+    killNow: killAllTools,
     close: async () => {
       if (running !== undefined && runtime !== undefined) await runtime.runPromise(Fiber.interrupt(running))
       await runtime?.dispose()

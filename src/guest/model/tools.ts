@@ -158,6 +158,12 @@ const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
   }
 }
 
+/** process groups of running tools, for a synchronous last-resort kill (SIGTERM to the agent) */
+const liveGroups = new Set<number>()
+export const killAllTools = (): void => {
+  for (const pid of liveGroups) killGroup(pid, "SIGKILL")
+}
+
 export interface ProcessResult {
   readonly exitCode: number | null
   readonly signal: string | null
@@ -198,6 +204,8 @@ export const runProcess = (
       )
       return
     }
+    const pid = child.pid
+    if (pid !== undefined) liveGroups.add(pid)
     const decoderOut = new TextDecoder()
     const decoderErr = new TextDecoder()
     child.stdout!.on("data", (chunk: Buffer) => collector.push(decoderOut.decode(chunk, { stream: true })))
@@ -217,6 +225,7 @@ export const runProcess = (
     })
     child.once("exit", (code, signal) => {
       killGroup(child.pid, "SIGKILL")
+      if (pid !== undefined) liveGroups.delete(pid)
       // the pipes close once every holder is gone; a process that left the group is not waited for
       let closed = 0
       const finish = () => {
@@ -241,6 +250,7 @@ export const runProcess = (
     return Effect.sync(() => {
       done = true
       killGroup(child.pid, "SIGKILL")
+      if (pid !== undefined) liveGroups.delete(pid)
       child.stdout?.destroy()
       child.stderr?.destroy()
     })
