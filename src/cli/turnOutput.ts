@@ -1,11 +1,21 @@
 import * as Effect from "effect/Effect"
 import type { TurnEvent } from "../services/GuestRpc.js"
+import { agentRenderer, isModelEvent } from "./agentOutput.js"
+
+/** the model agent's events of this process's turns (one terminal: one renderer) */
+export const agentOutput = agentRenderer(process.stderr.isTTY === true)
 
 /** One event of a turn on the terminal: the guest's stdout to stdout, stderr to stderr. */
 export const printEvent = (event: TurnEvent) =>
   Effect.sync(() => {
     if (event._tag === "End") return
     const e = event.event
+    if (isModelEvent(e)) {
+      const { stdout, stderr } = agentOutput.render(e)
+      if (stdout !== "") process.stdout.write(stdout)
+      if (stderr !== "") process.stderr.write(stderr)
+      return
+    }
     switch (e.kind) {
       case "stdout":
         process.stdout.write(e.data)

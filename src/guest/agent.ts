@@ -237,7 +237,10 @@ export class GuestAgent {
     }
     const startedAt = this.now().toISOString()
     const sink = (event: AgentEvent) => this.send({ type: "agent_event", turn, event })
-    const outcome = mode === "prompt" && prompts !== undefined ? prompts.run(turn, text, sink) : runner.run(turn, text, sink)
+    const outcome =
+      mode === "prompt" && prompts !== undefined
+        ? prompts.run(turn, text, sink)
+        : runner.run(turn, text, sink)
     this.turnDone = outcome.then(
       async (result) => {
         this.history.push({ turn, text, ...result, startedAt, endedAt: this.now().toISOString() })

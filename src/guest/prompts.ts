@@ -51,7 +51,14 @@ export interface PromptEnvironment {
 
 /** a prompt turn's end as `turn_end` says it: 0 done, 1 error, 2 max steps; cancelled: null */
 export const promptExit = (outcome: PromptOutcome): TurnOutcome => ({
-  exitCode: outcome.reason === "done" ? 0 : outcome.reason === "max_steps" ? 2 : outcome.reason === "cancelled" ? null : 1,
+  exitCode:
+    outcome.reason === "done"
+      ? 0
+      : outcome.reason === "max_steps"
+        ? 2
+        : outcome.reason === "cancelled"
+          ? null
+          : 1,
   signal: null,
   cancelled: outcome.reason === "cancelled"
 })

@@ -181,7 +181,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
   const run: ModelAgent["run"] = async (text, sink) => {
     if (runtime === undefined || spec === undefined) {
       const message =
-        "no model is configured for this session: choose one with --model (see `abox models`), or run a shell command"
+        "no model is configured for this session: its --model alias is not in the model catalog (docs/on-disk.md, models.json); shell commands still work"
       await sink({ kind: "agent_end", reason: "error", steps: 0, message })
       return { reason: "error", steps: 0, message }
     }

@@ -155,7 +155,13 @@ export const describeModelError = (
   if (status === 401 || status === 403) {
     return `the ${spec.provider} API refused the request (${status}): check ${keyVar} on the host (the broker adds it; the guest only sees a placeholder)`
   }
-  if (refusal !== undefined) return `the broker refused the connection to the model: ${refusal}`
+  if (refusal !== undefined) {
+    const hint =
+      refusal.includes("host-not-allowed") && spec.apiKeyEnv !== undefined
+        ? ` (set ${spec.apiKeyEnv} on the host: the provider's broker rule is added when it is)`
+        : ""
+    return `the broker refused the connection to the model: ${refusal}${hint}`
+  }
   const detail = error.message.split("\n")[0] ?? error.message
   return status === undefined
     ? `the model request failed: ${detail}`
