@@ -295,18 +295,28 @@ export const resolveRepoPath = (
  * One synchronous file operation with the effective uid/gid (and groups) of the owner, so the
  * kernel checks it as theirs; back to root before anything else runs. No-op when not root.
  */
-export const asOwner = <A>(user: TurnUser | undefined, operation: () => A): A => {
-  if (user === undefined || typeof process.seteuid !== "function") return operation()
+export const asOwner = <A>(
+  user: TurnUser | undefined,
+  repoDir: string,
+  absolute: string,
+  operation: (file: string) => A
+): A => {
+  if (user === undefined || typeof process.seteuid !== "function") return operation(absolute)
+  // the path is taken from the repository down (as the owner's own processes, whose working
+  // directory is the repository, see it): the directories above it are not the owner's business
+  const cwd = process.cwd()
+  process.chdir(repoDir)
   const groups = process.getgroups!()
   process.setgroups!([user.gid])
   process.setegid!(user.gid)
   process.seteuid(user.uid)
   try {
-    return operation()
+    return operation(path.relative(repoDir, absolute) || ".")
   } finally {
     process.seteuid(0)
     process.setegid!(0)
     process.setgroups!(groups)
+    process.chdir(cwd)
   }
 }
 
@@ -336,7 +346,7 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         const resolved = resolveRepoPath(tools.repoDir, requested)
         if (!resolved.ok) return fail(`refused: ${resolved.reason}`)
         try {
-          return asOwner(tools.user, () => operation(resolved.path))
+          return asOwner(tools.user, tools.repoDir, resolved.path, operation)
         } catch (error) {
           return fail(errorText(error))
         }
