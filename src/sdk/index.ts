@@ -19,7 +19,7 @@ import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { AboxLive } from "../layers/Main.js"
 import * as Programs from "../programs/session.js"
-import type { HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import {
@@ -31,6 +31,22 @@ import {
 
 export type { BootOptions, OpenOptions, Phase, Session } from "../programs/session.js"
 export type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
+export type { ModelSpec } from "../protocol/GuestConfig.js"
+export type { TurnMode } from "../programs/session.js"
+export { ModelCatalogError } from "../lib/models.js"
+
+/** the model agent's events (a prompt turn), one type per kind */
+export type TextEvent = Extract<AgentEvent, { kind: "text" }>
+export type ToolCallEvent = Extract<AgentEvent, { kind: "tool_call" }>
+export type ToolResultEvent = Extract<AgentEvent, { kind: "tool_result" }>
+export type UsageEvent = Extract<AgentEvent, { kind: "usage" }>
+export type RetryEvent = Extract<AgentEvent, { kind: "retry" }>
+export type AgentEndEvent = Extract<AgentEvent, { kind: "agent_end" }>
+
+/** options of one turn: `mode: "prompt"` asks the model agent; default a shell command */
+export interface TurnOptions {
+  readonly mode?: Programs.TurnMode
+}
 export type { TurnEvent, TurnResult } from "../services/GuestRpc.js"
 export type { NameBinding, SessionListing, SessionMeta } from "../services/SessionStore.js"
 export type { ScrubReport } from "../services/SecretScrubber.js"
@@ -95,6 +111,10 @@ export interface TurnOutcome {
   readonly stdout: string
   readonly stderr: string
   readonly events: ReadonlyArray<TurnEvent>
+  /** a prompt turn: the assistant's answer (its text deltas joined) */
+  readonly answer: string
+  /** a prompt turn: its `agent_end` (why it stopped) */
+  readonly agentEnd?: AgentEndEvent | undefined
 }
 
 /** An open session. Close it (`await session.close()`, or `await using`): a leaked session leaves a VM. */
@@ -105,9 +125,9 @@ export interface SessionHandle extends AsyncDisposable {
   readonly hello: HelloMessage
   readonly skipped: ReadonlyArray<string>
   /** the turn's events as they come; leaving the loop early cancels the turn */
-  turn(text: string): AsyncIterable<TurnEvent>
+  turn(text: string, options?: TurnOptions): AsyncIterable<TurnEvent>
   /** a whole turn, collected */
-  run(text: string): Promise<TurnOutcome>
+  run(text: string, options?: TurnOptions): Promise<TurnOutcome>
   /** Close: shutdown RPC → bounded stop of the VM → unlock. Idempotent. */
   close(): Promise<void>
   readonly closed: boolean
@@ -127,11 +147,11 @@ const handleFor = async (
   }
   let closing: Promise<void> | undefined
   const close = () => (closing ??= run(Scope.close(scope, Exit.void)))
-  const iterate = (text: string): AsyncIterable<TurnEvent> => ({
+  const iterate = (text: string, options?: TurnOptions): AsyncIterable<TurnEvent> => ({
     [Symbol.asyncIterator]: () => {
       let iterator: AsyncIterator<TurnEvent> | undefined
       const start = async () =>
-        (iterator ??= Stream.toAsyncIterableRuntime(session.turn(text), await rt.runtime())[
+        (iterator ??= Stream.toAsyncIterableRuntime(session.turn(text, options?.mode), await rt.runtime())[
           Symbol.asyncIterator
         ]())
       return {
@@ -150,19 +170,33 @@ const handleFor = async (
     hello: session.hello,
     skipped: session.skipped,
     turn: iterate,
-    run: async (text) => {
+    run: async (text, options) => {
       const events: Array<TurnEvent> = []
       let stdout = ""
       let stderr = ""
-      for await (const event of iterate(text)) {
+      let answer = ""
+      let agentEnd: AgentEndEvent | undefined
+      for await (const event of iterate(text, options)) {
         events.push(event)
-        if (event._tag === "Event" && event.event.kind === "stdout") stdout += event.event.data
-        if (event._tag === "Event" && event.event.kind === "stderr") stderr += event.event.data
+        if (event._tag !== "Event") continue
+        if (event.event.kind === "stdout") stdout += event.event.data
+        if (event.event.kind === "stderr") stderr += event.event.data
+        if (event.event.kind === "text") answer += event.event.delta
+        if (event.event.kind === "agent_end") agentEnd = event.event
       }
       const end = events.at(-1)
+      const agent = { answer, ...(agentEnd === undefined ? {} : { agentEnd }) }
       return end !== undefined && end._tag === "End"
-        ? { exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled, stdout, stderr, events }
-        : { exitCode: null, signal: null, cancelled: true, stdout, stderr, events }
+        ? {
+            exitCode: end.exitCode,
+            signal: end.signal,
+            cancelled: end.cancelled,
+            stdout,
+            stderr,
+            events,
+            ...agent
+          }
+        : { exitCode: null, signal: null, cancelled: true, stdout, stderr, events, ...agent }
     },
     close,
     get closed() {
@@ -266,8 +300,8 @@ export class SessionManager {
       get closed() {
         return handle.closed
       },
-      turn: (text) => {
-        const events = handle.turn(text)
+      turn: (text, options) => {
+        const events = handle.turn(text, options)
         return {
           [Symbol.asyncIterator]: () => {
             busy++
@@ -291,11 +325,11 @@ export class SessionManager {
           }
         }
       },
-      run: async (text) => {
+      run: async (text, options) => {
         busy++
         arm()
         try {
-          return await handle.run(text)
+          return await handle.run(text, options)
         } finally {
           busy--
           arm()
