@@ -5,6 +5,7 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
+import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
@@ -28,7 +29,9 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["lifecycleRun", lifecycleRun],
   ["lifecycleTurn", lifecycleTurn],
   ["transferTree50MB", transferTree50MB],
-  ["lifecycleRss", lifecycleRss]
+  ["lifecycleRss", lifecycleRss],
+  ["agentFirstRequest", agentFirstRequest],
+  ["agentToolRoundTrip", agentToolRoundTrip]
 ]
 
 const only = process.argv.slice(2)

@@ -14,6 +14,7 @@
 import type { ServerResponse } from "node:http"
 import * as https from "node:https"
 import type * as net from "node:net"
+import { performance } from "node:perf_hooks"
 import * as tls from "node:tls"
 import { makeSessionCa } from "../../src/lib/broker/ca.js"
 
@@ -57,6 +58,9 @@ export type MockStep =
   | { readonly kind: "hang"; readonly chunks: ReadonlyArray<string> }
 
 export interface MockRequest {
+  /** performance.now() when the request's head arrived, and when its answer ended */
+  readonly arrivedAt: number
+  endedAt?: number
   readonly method: string
   readonly path: string
   readonly headers: Readonly<Record<string, string | ReadonlyArray<string> | undefined>>
@@ -424,6 +428,7 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
       }
     },
     (req, res) => {
+      const arrivedAt = performance.now()
       const chunks: Array<Buffer> = []
       req.on("data", (chunk: Buffer) => chunks.push(chunk))
       req.on("end", () => {
@@ -435,12 +440,16 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
         }
         const url = new URL(req.url ?? "/", "https://mock")
         const recorded: MockRequest = {
+          arrivedAt,
           method: req.method ?? "",
           path: url.pathname,
           headers: { ...req.headers },
           body
         }
         requests.push(recorded)
+        res.once("finish", () => {
+          recorded.endedAt = performance.now()
+        })
         for (const waiter of waiters.splice(0)) {
           if (requests.length >= waiter.n) waiter.resolve()
           else waiters.push(waiter)
@@ -467,10 +476,14 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
       })
     }
   )
+  let connections = 0
+  server.on("secureConnection", () => connections++)
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()))
   const port = (server.address() as net.AddressInfo).port
   return {
     port,
+    /** TLS connections accepted so far */
+    connections: () => connections,
     caPem: ca.certPem,
     requests,
     /** append steps to the script (each request takes the next) */
