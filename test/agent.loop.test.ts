@@ -147,6 +147,21 @@ describe.each(["anthropic", "openai"] as const)("the agent loop (%s)", (provider
   })
 })
 
+describe("connections", () => {
+  it("a streamed answer whose body ends after its last event keeps the connection for the next request", async () => {
+    const agent = agentFor(repo(), "anthropic")
+    const before = mock.connections()
+    for (let i = 0; i < 4; i++) {
+      // the body's end comes 50 ms after message_stop, as it may through the broker
+      mock.push({ kind: "text", chunks: ["ok"], endDelayMs: 50 })
+      expect((await agent.run("hi", () => undefined)).reason).toBe("done")
+    }
+    // a request made while the last body still drains opens a second one; never one per request
+    expect(mock.connections() - before).toBeLessThanOrEqual(2)
+    await agent.close()
+  })
+})
+
 describe("cancel", () => {
   it("mid-stream and mid-tool: the turn ends cancelled at once, nothing left running", async () => {
     const dir = repo()

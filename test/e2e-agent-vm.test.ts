@@ -97,11 +97,17 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
         )
 
         mock.push(
-          { kind: "tools", text: "Let me look at the test.", calls: [{ name: "read_file", input: { path: "test.js" } }] },
+          {
+            kind: "tools",
+            text: "Let me look at the test.",
+            calls: [{ name: "read_file", input: { path: "test.js" } }]
+          },
           { kind: "tools", calls: [{ name: "read_file", input: { path: "sum.js" } }] },
           {
             kind: "tools",
-            calls: [{ name: "edit_file", input: { path: "sum.js", old_string: "a - b", new_string: "a + b" } }]
+            calls: [
+              { name: "edit_file", input: { path: "sum.js", old_string: "a - b", new_string: "a + b" } }
+            ]
           },
           {
             kind: "tools",
@@ -110,7 +116,11 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
                 name: "shell",
                 input: {
                   command:
-                    'node test.js; echo "uid=$(id -u) key=$ANTHROPIC_API_KEY"; cat /var/lib/abox/context.json >/dev/null 2>&1 || echo state-unreadable'
+                    'node test.js; echo "uid=$(id -u) key=$ANTHROPIC_API_KEY"; ' +
+                    "cat /var/lib/abox/context.json >/dev/null 2>&1 || echo state-unreadable; " +
+                    "touch /var/lib/abox/x 2>/dev/null || echo state-unwritable; " +
+                    // the agent (node, root) cannot be signalled: only our own test's node would be
+                    'for p in $(pidof node); do kill -0 $p 2>/dev/null && echo "signalled $p"; done; echo signal-check-done'
                 }
               }
             ]
@@ -134,6 +144,9 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
               expect(shell).toContain("PASS")
               expect(shell).toMatch(/uid=[1-9]\d* key=abox-placeholder/)
               expect(shell).toContain("state-unreadable")
+              expect(shell).toContain("state-unwritable")
+              expect(shell).toContain("signal-check-done")
+              expect(shell).not.toContain("signalled")
               expect(shell).not.toContain(canary)
               expect(fixed.at(-1)).toMatchObject({ kind: "agent_end", reason: "done", steps: 5 })
               expect(
@@ -160,7 +173,9 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
               const sawCall = yield* Deferred.make<void>()
               const midTool = yield* session.turn("sleep", "prompt").pipe(
                 Stream.tap((e) =>
-                  e._tag === "Event" && e.event.kind === "tool_call" ? Deferred.succeed(sawCall, undefined) : Effect.void
+                  e._tag === "Event" && e.event.kind === "tool_call"
+                    ? Deferred.succeed(sawCall, undefined)
+                    : Effect.void
                 ),
                 Stream.runDrain,
                 Effect.fork

@@ -37,6 +37,8 @@ export type MockStep =
       readonly usage?: MockUsage
       /** pause before each chunk (a slow stream) */
       readonly delayMs?: number
+      /** pause between the last event and the end of the response body */
+      readonly endDelayMs?: number
     }
   /** the model asks for tools (optionally after some text) */
   | {
@@ -253,6 +255,7 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
       })
     )
     res.write(sse("message_stop", { type: "message_stop" }))
+    if (step.kind === "text" && step.endDelayMs !== undefined) await sleep(step.endDelayMs)
     res.end()
   }
 

@@ -16,6 +16,11 @@ import type * as LanguageModel from "@effect/ai/LanguageModel"
 import * as Prompt from "@effect/ai/Prompt"
 import * as NodeHttpClient from "@effect/platform-node/NodeHttpClient"
 import * as HttpClient from "@effect/platform/HttpClient"
+import type * as HttpClientResponse from "@effect/platform/HttpClientResponse"
+import * as Cause from "effect/Cause"
+import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
+import * as Stream from "effect/Stream"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Exit from "effect/Exit"
@@ -133,6 +138,45 @@ const tunnelConnector =
     socket.on("data", onData)
   }
 
+/**
+ * Streamed answers end with an event the provider client stops at (`message_stop`,
+ * `response.completed`), before the body's own end may have arrived through the broker; undici
+ * then drops the connection, and every model request paid a new tunnel and two TLS handshakes.
+ * Here the body is read to its end by a fiber of its own (bounded), so the connection goes back to
+ * the pool; a consumer that stops with a failure or an interruption (cancel) stops the reading.
+ */
+const DRAIN_BOUND = "5 seconds"
+const drainToEnd = (
+  response: HttpClientResponse.HttpClientResponse
+): HttpClientResponse.HttpClientResponse => {
+  const stream = Stream.unwrapScoped(
+    Effect.gen(function* () {
+      const queue = yield* Queue.unbounded<Exit.Exit<Uint8Array, Option.Option<unknown>>>()
+      const reader = yield* response.stream.pipe(
+        Stream.runForEach((chunk) => Queue.offer(queue, Exit.succeed(chunk))),
+        Effect.matchCauseEffect({
+          onFailure: (cause) => Queue.offer(queue, Exit.failCause(Cause.map(cause, Option.some))),
+          onSuccess: () => Queue.offer(queue, Exit.fail(Option.none()))
+        }),
+        Effect.forkDaemon
+      )
+      yield* Effect.addFinalizer((exit) =>
+        Exit.isSuccess(exit)
+          ? // the consumer is done: let the reader reach the body's end, within a bound
+            Fiber.await(reader).pipe(
+              Effect.timeout(DRAIN_BOUND),
+              Effect.catchAll(() => Fiber.interrupt(reader)),
+              Effect.forkDaemon,
+              Effect.asVoid
+            )
+          : Effect.asVoid(Fiber.interrupt(reader))
+      )
+      return Stream.repeatEffectOption(Effect.flatten(Queue.take(queue)))
+    })
+  ) as typeof response.stream
+  return Object.create(response, { stream: { value: stream } }) as HttpClientResponse.HttpClientResponse
+}
+
 const languageModelLayer = (spec: ModelSpec, http: Layer.Layer<HttpClient.HttpClient>) => {
   // the broker replaces the placeholder with the host's key; the guest never holds one
   const apiKey = Redacted.make(CREDENTIAL_PLACEHOLDER)
@@ -167,7 +211,12 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     bodyTimeout: 10 * 60 * 1000,
     headersTimeout: 10 * 60 * 1000
   })
-  const http = Layer.succeed(HttpClient.HttpClient, NodeHttpClient.makeUndici(dispatcher))
+  const http = Layer.succeed(
+    HttpClient.HttpClient,
+    HttpClient.transformResponse(NodeHttpClient.makeUndici(dispatcher), (response) =>
+      Effect.map(response, (r) => drainToEnd(r))
+    )
+  )
   const spec = options.spec
   const runtime =
     spec === undefined
