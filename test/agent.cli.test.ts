@@ -181,5 +181,10 @@ describe("prompt turns (fake backend, real broker)", () => {
     const shell = await abox(home, ["run", sourceDir(), "--", "echo", "no key needed"], {})
     expect(shell.code).toBe(0)
     expect(shell.stdout).toBe("no key needed\n")
+
+    // a prompt and a command at once is a usage error, before anything is made
+    const both = await abox(home, ["run", sourceDir(), "-p", "hi", "--", "ls"], {})
+    expect(both.code).toBe(64)
+    expect(both.stderr).toContain("either --prompt or a shell command")
   })
 })

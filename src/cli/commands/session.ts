@@ -4,9 +4,8 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
-import * as HelpDoc from "@effect/cli/HelpDoc"
-import * as ValidationError from "@effect/cli/ValidationError"
 import {
   open,
   resume,
@@ -60,14 +59,17 @@ const prompt = Options.text("prompt").pipe(
   Options.withDescription("one turn for the model agent (instead of a shell command after --)")
 )
 
+/** a usage error found in a handler (not by the parser): rendered and exits 64 like the parser's */
+class TurnUsageError extends Schema.TaggedError<TurnUsageError>()("ValidationError", {
+  message: Schema.String
+}) {}
+
 /** `--prompt` or the words after `--`, never both */
 const turnOf = (args: { readonly prompt: Option.Option<string>; readonly turn: ReadonlyArray<string> }) =>
   Option.isSome(args.prompt)
     ? args.turn.length > 0
       ? Effect.fail(
-          ValidationError.invalidValue(
-            HelpDoc.p("give either --prompt or a shell command after --, not both")
-          )
+          new TurnUsageError({ message: "give either --prompt or a shell command after --, not both" })
         )
       : Effect.succeed({ text: args.prompt.value, mode: "prompt" as const })
     : Effect.succeed({ text: args.turn.join(" "), mode: "shell" as const })
