@@ -7,6 +7,7 @@
 import * as fs from "node:fs"
 import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
+import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
@@ -20,6 +21,7 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["brokerDownload", brokerDownload],
   ["brokerDownloadPassthrough", brokerDownloadPassthrough],
   ["brokerRequests", brokerRequests],
+  ["brokerLogBurst", brokerLogBurst],
   ["turnRoundTrip", turnRoundTrip],
   ["muxRoundTrip", muxRoundTrip],
   ["transfer50MB", transfer50MB],

@@ -23,7 +23,13 @@ import type { BrokerPolicyEncoded } from "../src/lib/broker/policy.js"
 import { decodePolicy } from "../src/lib/broker/policy.js"
 import { GuestConfig } from "../src/protocol/GuestConfig.js"
 import type { TunnelRequest } from "../src/services/GuestRpc.js"
-import { connectThroughProxy, duplexPair, inMemoryTunnel, startUpstream } from "./support/brokerHarness.js"
+import {
+  clientHelloBytes,
+  connectThroughProxy,
+  duplexPair,
+  inMemoryTunnel,
+  startUpstream
+} from "./support/brokerHarness.js"
 
 const run = promisify(execFile)
 const hasCurl = await run("curl", ["--version"]).then(
@@ -563,6 +569,75 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
       )
   )
 
+  it.live(
+    "pass-through hosts: the ClientHello must name the CONNECT host (no fronting, no missing SNI, no plain bytes)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup({
+            policy: (port) => ({
+              format: 1,
+              allow: [{ host: NAME, ports: [port] }],
+              resolve: { [NAME]: "127.0.0.1" }
+            })
+          })
+          const target = `${NAME}:${env.upstream.port}`
+          const attempt = (servername: string) =>
+            Effect.promise(async () => {
+              const opened = await connectThroughProxy(env.proxy.port, target)
+              if (!opened.ok) throw new Error(`CONNECT refused: ${opened.head}`)
+              // the name is checked by the broker, not by this client: a front end serving many
+              // tenants would present a certificate valid for both names
+              const socket = tls.connect({
+                socket: opened.socket,
+                servername,
+                ca: [env.upstream.caPem],
+                checkServerIdentity: () => undefined
+              })
+              return await new Promise<string>((resolve) => {
+                socket.once("secureConnect", () => {
+                  socket.destroy()
+                  resolve("ok")
+                })
+                socket.once("error", (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message))
+              })
+            })
+          // another tenant's name behind the same front end: refused before a byte goes upstream
+          expect(yield* attempt("evil.test")).not.toBe("ok")
+          // no SNI at all (node sends none for an empty servername)
+          expect(yield* attempt("")).not.toBe("ok")
+          // plain bytes instead of TLS
+          const plain = yield* Effect.promise(async () => {
+            const opened = await connectThroughProxy(env.proxy.port, target)
+            if (!opened.ok) throw new Error("CONNECT refused")
+            opened.socket.resume()
+            opened.socket.write(`GET /hello HTTP/1.1\r\nHost: evil.test\r\n\r\n`)
+            return opened.socket
+          })
+          expect(yield* readAll(plain)).toBe("")
+          expect(env.upstream.seen).toHaveLength(0)
+          // the right name still works
+          expect(yield* attempt(NAME)).toBe("ok")
+          yield* env.session.active.pipe(
+            Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+            Effect.timeout("5 seconds")
+          )
+          const log = yield* env.logEntries
+          expect(log.filter((e) => e.decision === "deny").map((e) => [e.event, e.reason])).toEqual([
+            ["request", "sni-mismatch"],
+            ["request", "sni-missing"],
+            ["request", "not-tls"]
+          ])
+          expect(log.filter((e) => e.event === "close").map((e) => e.reason)).toEqual([
+            "sni-mismatch",
+            "sni-missing",
+            "not-tls",
+            undefined
+          ])
+        })
+      )
+  )
+
   it.live("a bounded number of concurrent tunnels per session", () =>
     scoped(
       Effect.gen(function* () {
@@ -588,6 +663,43 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
     )
   )
 
+  it.live(
+    "a flood of 20,000 denied tunnels writes a bounded broker.log, with the count of what was not written",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const fs = yield* FileSystem.FileSystem
+          const sessionDir = yield* fs.makeTempDirectoryScoped()
+          const policy = yield* decodePolicy({ format: 1, allow: [{ host: "allowed.com", ports: [443] }] })
+          const broker = yield* makeHttpsBroker({ resolve: () => Promise.resolve(["93.184.215.14"]) })
+          const logPath = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* broker.make(policy, { sessionId: "s-flood", sessionDir })
+              yield* Effect.forEach(
+                Array.from({ length: 20_000 }, (_, i) => i),
+                (i) =>
+                  session.handle(
+                    inMemoryTunnel(2 * i + 1, `h${i}-${"x".repeat(200)}.evil.example`, 443).request
+                  ),
+                { concurrency: "unbounded", discard: true }
+              )
+              return session.logPath
+            })
+          )
+          const size = (yield* fs.stat(logPath)).size
+          expect(Number(size)).toBeLessThan(128 * 1024)
+          const log = (yield* readBrokerLog(logPath)).entries
+          const denials = log.filter((e) => e.event === "open")
+          expect(denials.length).toBeGreaterThan(0)
+          expect(denials.length).toBeLessThanOrEqual(100)
+          const suppressed = log
+            .filter((e) => e.event === "suppressed")
+            .reduce((n, e) => n + (e.count ?? 0), 0)
+          expect(denials.length + suppressed).toBe(20_000)
+        })
+      )
+  )
+
   it.live("closing the session's scope ends its open tunnels and still logs their close", () =>
     scoped(
       Effect.gen(function* () {
@@ -607,7 +719,7 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
         const opened = yield* Effect.promise(() => tunnel.result)
         expect(opened.ok).toBe(true)
         if (!opened.ok) return
-        opened.stream.write("hello")
+        opened.stream.write(yield* Effect.promise(() => clientHelloBytes("allowed.com")))
         const ended = new Promise<void>((resolve) => opened.stream.once("close", () => resolve()))
         opened.stream.resume()
         yield* Scope.close(sessionScope, Exit.void).pipe(
@@ -701,6 +813,36 @@ describe("HttpsBroker credential hosts: framing and the placeholder", () => {
           for (const r of env.upstream.seen) expect(r.headers["x-api-key"]).toBe(env.secret)
         })
       )
+  )
+
+  it.live("an upstream connection whose response ended before the request body did is not reused", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup()
+        const host = `${NAME}:${env.upstream.port}`
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        // /hello answers at once, before the body has arrived
+        const early = yield* exchange(
+          socket,
+          `POST /hello HTTP/1.1\r\nHost: ${host}\r\nContent-Length: 20\r\n\r\n12345`,
+          responseComplete
+        )
+        expect(early).toMatch(/^HTTP\/1\.1 200/)
+        // the rest of the body; then, once a reusable connection would be back in the pool, the next request
+        socket.write("678901234567890")
+        yield* Effect.sleep("300 millis")
+        const started = Date.now()
+        const next = yield* exchange(socket, `GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`, responseComplete)
+        expect(Date.now() - started).toBeLessThan(4000)
+        expect(next).toMatch(/^HTTP\/1\.1 200/)
+        socket.destroy()
+        expect(env.upstream.seen.map((r) => [r.method, r.url])).toEqual([
+          ["POST", "/hello"],
+          ["GET", "/hello"]
+        ])
+        expect(env.upstream.seen[0]!.connection).not.toBe(env.upstream.seen[1]!.connection)
+      })
+    )
   )
 
   it.live("a transfer coding other than chunked is refused, not forwarded", () =>

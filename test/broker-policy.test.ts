@@ -2,9 +2,9 @@ import { describe, expect, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
-import { credentialHeaderValue } from "../src/layers/HttpsBrokerLive.js"
 import {
   BrokerPolicy,
+  credentialHeaderValue,
   decide,
   decodePolicy,
   decodePolicyJson,

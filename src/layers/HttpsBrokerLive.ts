@@ -18,6 +18,7 @@ import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import { makeSessionCa } from "../lib/broker/ca.js"
 import { channelDuplex } from "../lib/broker/channel.js"
+import { readClientHello } from "../lib/broker/clientHello.js"
 import {
   BROKER_LOG_FILE,
   type BrokerLogEntry,
@@ -27,6 +28,7 @@ import {
 import {
   type BrokerPolicy,
   checkResolved,
+  credentialHeaderValue,
   type CredentialRule,
   decide,
   decodePolicyJson
@@ -100,14 +102,6 @@ const expandHome = (file: string) =>
   file === "~" || file.startsWith("~/") ? path.join(os.homedir(), file.slice(1)) : file
 
 const MAX_SECRET_FILE = 64 * 1024
-
-/** the header value for a secret: `format` applied, then basic auth when the rule names a user */
-export const credentialHeaderValue = (rule: CredentialRule, secret: string): string => {
-  const formatted = rule.format === undefined ? secret : rule.format.replaceAll("{}", secret)
-  return rule.basicUser === undefined
-    ? formatted
-    : `Basic ${Buffer.from(`${rule.basicUser}:${formatted}`, "utf8").toString("base64")}`
-}
 
 export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
   Effect.gen(function* () {
@@ -337,6 +331,23 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
 
         if (upstream !== undefined) {
           const up = upstream
+          // nothing goes upstream before the ClientHello names the tunnel's host (no fronting)
+          const hello = yield* Effect.promise(() =>
+            readClientHello(guest.duplex, decision.host, { timeoutMs: headTimeoutMs })
+          )
+          if (!hello.ok) {
+            closeReason = hello.reason
+            if (hello.reason !== "closed-before-hello")
+              yield* log({
+                ...base,
+                event: "request",
+                decision: "deny",
+                reason: hello.reason,
+                credential: false
+              })
+            return
+          }
+          up.write(hello.head)
           ;(up as Partial<net.Socket>).setTimeout?.(idleTimeoutMs, () => {
             closeReason = "idle-timeout"
             up.destroy()

@@ -98,6 +98,8 @@ export interface UpstreamRequest {
   readonly headers: Readonly<Record<string, string | ReadonlyArray<string> | undefined>>
   /** the request body as received so far (latin1) */
   body: string
+  /** which upstream connection carried it (the client's port) */
+  readonly connection: number
 }
 
 /**
@@ -117,7 +119,8 @@ export const startUpstream = async (name: string) => {
       method: req.method ?? "",
       url: req.url ?? "",
       headers: { ...req.headers },
-      body: ""
+      body: "",
+      connection: req.socket.remotePort ?? 0
     }
     seen.push(record)
     const url = new URL(req.url ?? "/", "https://upstream")
@@ -187,3 +190,19 @@ export const connectThroughProxy = (proxyPort: number, target: string) =>
       }, reject)
     }
   )
+
+/**
+ * The first bytes node's TLS client sends for `servername` (undefined: no SNI): a real
+ * ClientHello, captured on an in-memory pair and never answered.
+ */
+export const clientHelloBytes = async (servername: string | undefined): Promise<Buffer> => {
+  const tls = await import("node:tls")
+  const [a, b] = duplexPair()
+  const first = new Promise<Buffer>((resolve) => b.once("data", (chunk: Buffer) => resolve(chunk)))
+  const socket = tls.connect({ socket: a, servername: servername ?? "", rejectUnauthorized: false })
+  socket.on("error", () => undefined)
+  const bytes = await first
+  socket.destroy()
+  b.destroy()
+  return bytes
+}

@@ -1,3 +1,4 @@
+import type { PlatformError } from "@effect/platform/Error"
 import * as FileSystem from "@effect/platform/FileSystem"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
@@ -52,7 +53,10 @@ export const BROKER_LOG_FILE = "broker.log"
 export const rotatedLogPath = (path: string) => `${path}.1`
 
 export interface BrokerLogOptions {
-  /** lines waiting for the disk; past this, lines are dropped and counted (default 4096) */
+  /**
+   * lines waiting for the disk (default 4096); past this, a fiber's `write` waits for the batch
+   * being written, a callback's `enqueue` is dropped and counted
+   */
   readonly maxQueued?: number
   /** broker.log is rotated to broker.log.1 (replacing it) once it reaches this size (default 8 MiB) */
   readonly rotateBytes?: number
@@ -67,7 +71,10 @@ export interface BrokerLogOptions {
 }
 
 export interface BrokerLogWriter {
-  /** Write one entry; completes once the batch holding it is on disk (at once if it was not kept). */
+  /**
+   * Write one entry; completes once the batch holding it is on disk (at once if the rate limit
+   * suppressed it). When the queue is full the caller waits for the batch being written.
+   */
   readonly write: (entry: BrokerLogEntry) => Effect.Effect<void>
   /** Queue one entry without waiting (for plain callbacks). */
   readonly enqueue: (entry: BrokerLogEntry) => void
@@ -79,8 +86,10 @@ const cut = (text: string, max: number) =>
 /**
  * The writer behind broker.log, scoped. One writer fiber takes every queued line at once and
  * appends them with one write, so each line costs O(1) however many tunnels log at the same time
- * (callers wait on the batch, not on a lock). The queue is bounded: past `maxQueued` lines a line
- * is dropped and counted, never waited for, and the count is written as a `suppressed` line.
+ * (callers wait on the batch, not on a lock). The queue is bounded: past `maxQueued` lines a fiber
+ * waits for the batch being written (back pressure on the tunnel that logs); a line queued from a
+ * callback, which cannot wait, is dropped and counted, and the count is written as a `suppressed`
+ * line.
  * Denials are rate-limited (they are what a hostile guest can produce at will); string fields
  * are cut; the file is rotated at a size. On scope close every queued line is written.
  */
@@ -162,23 +171,41 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
       ...(entry.address === undefined ? {} : { address: cut(entry.address, maxField) })
     })
 
-    /** queue a line; the deferred of its batch, or undefined when it was not kept */
-    const push = (entry: BrokerLogEntry): Deferred.Deferred<void> | undefined => {
+    type Pushed =
+      | { readonly _tag: "queued"; readonly done: Deferred.Deferred<void> }
+      | { readonly _tag: "full"; readonly next: Deferred.Deferred<void> }
+      | { readonly _tag: "limited" }
+    /** queue a line (after the rate limit); when the queue is full, the batch to wait for */
+    const push = (entry: BrokerLogEntry, admitted: boolean): Pushed => {
       const owed = rollWindow(Date.now(), false)
       if (owed.length > 0) pending.push(...owed)
-      if (!admit(entry)) return undefined
-      if (pending.length >= maxQueued) {
-        queueDropped++
-        return undefined
-      }
+      if (!admitted && !admit(entry)) return { _tag: "limited" }
+      if (pending.length >= maxQueued) return { _tag: "full", next: batchDone }
       pending.push(encodeLine(capped(entry)) + "\n")
       wake.unsafeOpen()
-      return batchDone
+      return { _tag: "queued", done: batchDone }
     }
+
+    /** a fiber's line: when the queue is full it waits for the batch being written (back pressure) */
+    const write = (entry: BrokerLogEntry, admitted = false): Effect.Effect<void> =>
+      Effect.suspend(() => {
+        const pushed = push(entry, admitted)
+        switch (pushed._tag) {
+          case "limited":
+            return Effect.void
+          case "queued":
+            return Deferred.await(pushed.done)
+          case "full":
+            return Effect.zipRight(Deferred.await(pushed.next), write(entry, true))
+        }
+      })
 
     const rotate = Effect.gen(function* () {
       yield* Scope.close(current.scope, Exit.void)
-      yield* fs.rename(path, rotatedLogPath(path))
+      // a failed rename keeps appending to the same file rather than losing the writer
+      yield* fs
+        .rename(path, rotatedLogPath(path))
+        .pipe(Effect.catchAll((error) => Effect.logWarning("broker.log rotation failed", error)))
       current = yield* openFile
     })
 
@@ -220,13 +247,10 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
     )
 
     return {
-      write: (entry) =>
-        Effect.suspend(() => {
-          const done = push(entry)
-          return done === undefined ? Effect.void : Deferred.await(done)
-        }),
+      write: (entry) => write(entry),
+      // callbacks cannot wait: past the bound their line is dropped and counted
       enqueue: (entry) => {
-        push(entry)
+        if (push(entry, false)._tag === "full") queueDropped++
       }
     } satisfies BrokerLogWriter
   })
@@ -261,22 +285,21 @@ export const readBrokerLog = Effect.fn("BrokerLog.read")(function* (path: string
  * broker.log (after its rotated part) as printable lines, read as a stream: one formatted line
  * per entry, `(unreadable line N)` for a line that does not decode. Nothing is held whole.
  */
-export const streamBrokerLog = (path: string): Stream.Stream<string, never, FileSystem.FileSystem> =>
+export const streamBrokerLog = (path: string): Stream.Stream<string, PlatformError, FileSystem.FileSystem> =>
   Stream.unwrap(
     Effect.gen(function* () {
       const fs = yield* FileSystem.FileSystem
-      const files: Array<string> = []
-      for (const file of [rotatedLogPath(path), path])
-        if (yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false))) files.push(file)
       let lineNo = 0
-      return Stream.fromIterable(files).pipe(
-        Stream.flatMap((file) =>
-          fs.stream(file).pipe(
-            Stream.decodeText(),
-            Stream.splitLines,
-            Stream.orElse(() => Stream.empty)
+      // a part that is not there (never rotated, or mid-rotation) is empty; other errors fail
+      const lines = (file: string) =>
+        fs.stream(file).pipe(
+          Stream.decodeText(),
+          Stream.splitLines,
+          Stream.catchAll((error) =>
+            error._tag === "SystemError" && error.reason === "NotFound" ? Stream.empty : Stream.fail(error)
           )
-        ),
+        )
+      return Stream.concat(lines(rotatedLogPath(path)), lines(path)).pipe(
         Stream.filterMap((line) => {
           lineNo++
           if (line.trim() === "") return Option.none()

@@ -56,6 +56,14 @@ export const CredentialRule = Schema.Union(
 )
 export type CredentialRule = typeof CredentialRule.Type
 
+/** the header value for a secret: `format` applied, then basic auth when the rule names a user */
+export const credentialHeaderValue = (rule: CredentialRule, secret: string): string => {
+  const formatted = rule.format === undefined ? secret : rule.format.replaceAll("{}", secret)
+  return rule.basicUser === undefined
+    ? formatted
+    : `Basic ${Buffer.from(`${rule.basicUser}:${formatted}`, "utf8").toString("base64")}`
+}
+
 /** Names of the presets a policy's `credentials` may use instead of spelling hosts and headers. */
 export const PRESET_NAMES = ["anthropic", "openai", "github"] as const
 export type PresetName = (typeof PRESET_NAMES)[number]

@@ -274,7 +274,12 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
           })
           // an upstream connection is reused only after a request that was framed and sent whole:
           // a response before the end of the body, or a guest that stops mid-body, closes it
-          const retire = () => upstreamSocket?.destroy()
+          const retire = () => {
+            upstreamSocket?.destroy()
+            // the rest of the guest's body is read and dropped, so its next request is parsed
+            req.unpipe(upstream)
+            req.resume()
+          }
           let status: number | undefined
           upstream.on("response", (upstreamRes) => {
             status = upstreamRes.statusCode ?? 502
@@ -287,6 +292,8 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
             })
           })
           upstream.on("error", (error: NodeJS.ErrnoException) => {
+            // the guest has its whole answer: a connection retired under the rest of its body
+            if (res.writableEnded) return
             // the reason is the error's code, never its message (which could quote a header)
             const reason = `upstream-${(error.code ?? "error").toLowerCase()}`
             if (!res.headersSent) {
