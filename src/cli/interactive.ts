@@ -82,9 +82,15 @@ const HELP =
   "type a prompt for the agent and press Enter · !cmd runs a shell command · /tools shows the last turn's tool output · " +
   "Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session"
 
-/** a line as typed → the turn: `!cmd` a shell command, anything else a prompt */
-export const parseLine = (line: string): { readonly text: string; readonly mode: "shell" | "prompt" } =>
-  line.startsWith("!") ? { text: line.slice(1).trim(), mode: "shell" } : { text: line, mode: "prompt" }
+/**
+ * a line as typed → the turn: `!cmd` a shell command, anything else a prompt (or, for a session
+ * with an agent command, `--agent`, a turn for that command)
+ */
+export const parseLine = (
+  line: string,
+  lines: "prompt" | "shell" = "prompt"
+): { readonly text: string; readonly mode: "shell" | "prompt" } =>
+  line.startsWith("!") ? { text: line.slice(1).trim(), mode: "shell" } : { text: line, mode: lines }
 
 /** folds a prompt turn's events into its transcript record (tool outputs capped) */
 const recordAgentEvent = (record: AgentTurnRecord, event: AgentEvent): AgentTurnRecord => {
@@ -132,7 +138,7 @@ const recordAgentEvent = (record: AgentTurnRecord, event: AgentEvent): AgentTurn
  * running turn (the turn's stream is interrupted, which sends `cancel`), Ctrl-D or `/exit`
  * returns, and the caller's scope closes the session.
  */
-export const interactive = (session: Session) =>
+export const interactive = (session: Session, options: { readonly lines?: "prompt" | "shell" } = {}) =>
   Effect.gen(function* () {
     const transcriptFile = path.join(session.dir, "transcript.json")
     let transcript = yield* loadTranscript(transcriptFile, session.id)
@@ -174,7 +180,7 @@ export const interactive = (session: Session) =>
         for (const tool of outputs) process.stderr.write(`── ${tool.title}\n${tool.output}\n`)
         continue
       }
-      const { text: turnText, mode } = parseLine(text)
+      const { text: turnText, mode } = parseLine(text, options.lines)
       if (turnText === "") continue
       const started = new Date().toISOString()
       let output = ""

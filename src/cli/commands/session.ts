@@ -196,7 +196,8 @@ export const openCommand = Command.make(
           })
           for (const skipped of session.skipped)
             yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-          yield* interactive(session)
+          // with --agent, a line is a turn for that command (as before); else a prompt
+          yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
         })
       )
     )
@@ -219,7 +220,8 @@ export const resumeCommand = Command.make(
             ...(yield* bootOptions(args)),
             onPhase: stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
           })
-          if (interactiveMode) yield* interactive(session)
+          if (interactiveMode)
+            yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
           else yield* oneTurn(session, turn, args.json)
         })
       )
