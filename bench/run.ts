@@ -6,6 +6,7 @@
  */
 import * as fs from "node:fs"
 import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
+import { detachedExec } from "./detached.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
@@ -33,7 +34,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["transferTree50MB", transferTree50MB],
   ["lifecycleRss", lifecycleRss],
   ["agentFirstRequest", agentFirstRequest],
-  ["agentToolRoundTrip", agentToolRoundTrip]
+  ["agentToolRoundTrip", agentToolRoundTrip],
+  ["detachedExec", detachedExec]
 ]
 
 const only = process.argv.slice(2)
