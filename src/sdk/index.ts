@@ -114,6 +114,9 @@ export interface TurnOutcome {
   readonly cancelled: boolean
   readonly stdout: string
   readonly stderr: string
+  /** exactly the bytes the turn wrote to stdout (`stdout` is their text, lossy when not UTF-8) */
+  readonly stdoutBytes: Uint8Array
+  readonly stderrBytes: Uint8Array
   readonly events: ReadonlyArray<TurnEvent>
   /** a prompt turn: the assistant's answer (its text deltas joined) */
   readonly answer: string
@@ -164,14 +167,23 @@ const collectTurn = async (events: AsyncIterable<TurnEvent>): Promise<TurnOutcom
   let stderr = ""
   let answer = ""
   let agentEnd: AgentEndEvent | undefined
+  const out: Array<Uint8Array> = []
+  const err: Array<Uint8Array> = []
   for await (const event of events) {
     all.push(event)
     if (event._tag !== "Event") continue
-    if (event.event.kind === "stdout") stdout += event.event.data
-    if (event.event.kind === "stderr") stderr += event.event.data
+    if (event.event.kind === "stdout") {
+      stdout += event.event.data
+      if (event.bytes !== undefined) out.push(event.bytes)
+    }
+    if (event.event.kind === "stderr") {
+      stderr += event.event.data
+      if (event.bytes !== undefined) err.push(event.bytes)
+    }
     if (event.event.kind === "text") answer += event.event.delta
     if (event.event.kind === "agent_end") agentEnd = event.event
   }
+  const output = { stdout, stderr, stdoutBytes: Buffer.concat(out), stderrBytes: Buffer.concat(err) }
   const end = all.at(-1)
   const agent = { answer, ...(agentEnd === undefined ? {} : { agentEnd }) }
   return end !== undefined && end._tag === "End"
@@ -179,12 +191,11 @@ const collectTurn = async (events: AsyncIterable<TurnEvent>): Promise<TurnOutcom
         exitCode: end.exitCode,
         signal: end.signal,
         cancelled: end.cancelled,
-        stdout,
-        stderr,
+        ...output,
         events: all,
         ...agent
       }
-    : { exitCode: null, signal: null, cancelled: true, stdout, stderr, events: all, ...agent }
+    : { exitCode: null, signal: null, cancelled: true, ...output, events: all, ...agent }
 }
 
 const handleFor = async (
