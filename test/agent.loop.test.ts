@@ -155,6 +155,8 @@ describe("connections", () => {
       // the body's end comes 50 ms after message_stop, as it may through the broker
       mock.push({ kind: "text", chunks: ["ok"], endDelayMs: 50 })
       expect((await agent.run("hi", () => undefined)).reason).toBe("done")
+      // time for the body's end to arrive (without the drain the connection is dropped anyway)
+      await new Promise((resolve) => setTimeout(resolve, 250))
     }
     // a request made while the last body still drains opens a second one; never one per request
     expect(mock.connections() - before).toBeLessThanOrEqual(2)
