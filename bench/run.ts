@@ -5,6 +5,7 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
+import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { detachedExec } from "./detached.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
@@ -36,6 +37,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["repoOpenNodeModules", repoOpenNodeModules],
   ["repoOpenTinyFiles", repoOpenTinyFiles],
   ["repoOpen200MB", repoOpen200MB],
+  ["agentFirstRequest", agentFirstRequest],
+  ["agentToolRoundTrip", agentToolRoundTrip],
   ["detachedExec", detachedExec]
 ]
 

@@ -173,6 +173,12 @@ if [ -n "$SOCAT_PKGS" ]; then
 fi
 ln -s ../local/bin/node "$R/usr/bin/node"
 cp "$AGENT" "$R/opt/abox/abox-guest.js"
+# the model agent's bundle (loaded on the first prompt turn), when built beside the agent
+MODEL_BUNDLE="$(dirname "$AGENT")/abox-guest-model.cjs"
+if [ -f "$MODEL_BUNDLE" ]; then
+  cp "$MODEL_BUNDLE" "$R/opt/abox/abox-guest-model.cjs"
+  chmod 0644 "$R/opt/abox/abox-guest-model.cjs"
+fi
 # the agent's startup snapshot is built by the image's first boot (see agent-snapshot.sh):
 # here only its entry and builder go in
 AGENT_START=bundle

@@ -40,6 +40,22 @@ await Promise.all(
     )
 )
 
+// The guest's model agent (src/guest/model): loaded by the agent on the first prompt turn only
+// (src/guest/prompts.ts), so the agent's start and its startup snapshot never carry the model stack.
+// CommonJS so that both the ESM bundle and the snapshot load it with createRequire.
+if (existsSync("src/guest/model/index.ts")) {
+  await build({
+    entryPoints: ["src/guest/model/index.ts"],
+    outfile: "dist/abox-guest-model.cjs",
+    bundle: true,
+    platform: "node",
+    target: "node20",
+    format: "cjs",
+    legalComments: "none",
+    logLevel: "warning"
+  })
+}
+
 // The guest agent's startup-snapshot entry (src/guest/snapshot.ts): one CommonJS script, as
 // `node --build-snapshot` requires; images/build-small.sh turns it into /opt/abox/agent.blob.
 if (existsSync("src/guest/snapshot.ts")) {

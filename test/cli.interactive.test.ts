@@ -57,21 +57,25 @@ describe.skipIf(!hasScript)("abox open (interactive, on a terminal)", () => {
     await until("abox> ")
     expect(screen).toMatch(/snapshot\s+\d+\.\d\ds/)
     expect(screen).toMatch(/transfer\s+\d+\.\d\ds/)
-    child.stdin.write("echo first-turn\n")
+    child.stdin.write("!echo first-turn\n")
     await until("first-turn\r\n")
     await until("abox> ", 2)
-    child.stdin.write("echo started; sleep 60\n")
+    child.stdin.write("!echo started; sleep 60\n")
     await until("started\r\n")
     child.stdin.write("\x03")
     await until("cancelled")
     await until("abox> ", 3)
-    child.stdin.write("echo after-cancel > new-file.txt; echo after-cancel\n")
+    child.stdin.write("!echo after-cancel > new-file.txt; echo after-cancel\n")
     await until("after-cancel\r\n")
     await until("abox> ", 4)
     // the holder of the running session shows its diff
     child.stdin.write("/diff --stat\n")
     await until("new-file.txt | 1 +")
     await until("abox> ", 5)
+    // a line without ! is a prompt: with no key on this host the broker refuses the model's host
+    child.stdin.write("hello agent\n")
+    await until("host-not-allowed")
+    await until("abox> ", 6)
     child.stdin.write("/exit\n")
     expect(await exited).toBe(0)
 
@@ -84,8 +88,10 @@ describe.skipIf(!hasScript)("abox open (interactive, on a terminal)", () => {
     expect(transcript.entries.map((e) => [e.text, e.exitCode, e.cancelled])).toEqual([
       ["echo first-turn", 0, false],
       ["echo started; sleep 60", 130, true],
-      ["echo after-cancel > new-file.txt; echo after-cancel", 0, false]
+      ["echo after-cancel > new-file.txt; echo after-cancel", 0, false],
+      ["hello agent", 1, false]
     ])
+    expect(transcript.entries[3]).toMatchObject({ mode: "prompt", agent: { end: { reason: "error" } } })
     expect(transcript.entries[0]!.output).toBe("first-turn\n")
     const meta = JSON.parse(fs.readFileSync(path.join(home, "sessions", id, "session.json"), "utf8")) as {
       lastClose: { how: string }

@@ -41,6 +41,7 @@ export const repoRoot = path.resolve(import.meta.dirname, "..")
 export const testHome = path.join(repoRoot, ".build", "test-home")
 export const guestBundle = path.join(repoRoot, "dist", "abox-guest.js")
 export const guestSnapshotEntry = path.join(repoRoot, "dist", "abox-guest-snapshot.cjs")
+export const guestModelBundle = path.join(repoRoot, "dist", "abox-guest-model.cjs")
 export const helperBundle = path.join(repoRoot, "dist", "abox-vmm.js")
 
 const has = (binary: string): boolean => {
@@ -72,6 +73,7 @@ const imageInputs = (): string => {
   const files = [
     guestBundle,
     ...(fs.existsSync(guestSnapshotEntry) ? [guestSnapshotEntry] : []),
+    ...(fs.existsSync(guestModelBundle) ? [guestModelBundle] : []),
     ...fs
       .readdirSync(imagesDir)
       .filter((name) => name.endsWith(".sh"))

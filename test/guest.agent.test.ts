@@ -152,8 +152,11 @@ describe("guest agent (real process, fake host)", () => {
     const context = JSON.parse(fs.readFileSync(path.join(dirs.state, "context.json"), "utf8")) as {
       format: number
       turns: Array<{ turn: number; exitCode: number | null; cancelled: boolean }>
+      messages: Array<unknown>
     }
-    expect(context.format).toBe(1)
+    // format 2: shell turns only, so no model conversation yet
+    expect(context.format).toBe(2)
+    expect(context.messages).toEqual([])
     expect(context.turns.map((t) => [t.turn, t.exitCode, t.cancelled])).toEqual([
       [1, 0, false],
       [2, 3, false],

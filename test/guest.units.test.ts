@@ -66,7 +66,7 @@ describe("guest context.json", () => {
     const state = path.join(tmp(), "state")
     await ensureStateDir(state)
     expect(fs.statSync(state).mode & 0o777).toBe(0o700)
-    expect(await loadContext(state)).toEqual({ turns: [] })
+    expect(await loadContext(state)).toEqual({ turns: [], messages: [] })
     await saveContext(state, [turn(1), turn(2)])
     await saveContext(state, [turn(1), turn(2), turn(3)])
     expect((await loadContext(state)).turns).toEqual([turn(1), turn(2), turn(3)])
@@ -74,8 +74,18 @@ describe("guest context.json", () => {
     expect(fs.statSync(path.join(state, "context.json")).mode & 0o777).toBe(0o600)
   })
 
+  it("format 2 keeps the model conversation; a format-1 file still loads", async () => {
+    const state = tmp()
+    const messages = [{ role: "user", content: [{ type: "text", text: "hi" }] }]
+    await saveContext(state, [turn(1)], messages)
+    expect(JSON.parse(fs.readFileSync(path.join(state, "context.json"), "utf8")).format).toBe(2)
+    expect(await loadContext(state)).toEqual({ turns: [turn(1)], messages })
+    fs.writeFileSync(path.join(state, "context.json"), JSON.stringify({ format: 1, turns: [turn(2)] }))
+    expect(await loadContext(state)).toEqual({ turns: [turn(2)], messages: [] })
+  })
+
   it("keeps a corrupt or too-new file aside and starts empty", async () => {
-    for (const content of ["{not json", '{"format":2,"turns":[]}', '{"format":1,"turns":[{"turn":1}]}']) {
+    for (const content of ["{not json", '{"format":3,"turns":[]}', '{"format":1,"turns":[{"turn":1}]}']) {
       const state = tmp()
       fs.writeFileSync(path.join(state, "context.json"), content)
       const loaded = await loadContext(state, () => new Date("2026-02-03T04:05:06.789Z"))

@@ -18,6 +18,8 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   Cancelled: 72,
   // open: the source directory is missing or not a directory
   SourceInvalid: 73,
+  // $ABOX_HOME/models.json does not decode
+  ModelCatalogError: 100,
   // lock
   SessionBusy: 75,
   LockError: 76,

@@ -13,17 +13,49 @@ import * as readline from "node:readline"
 import { writeJsonAtomic } from "../lib/atomicFile.js"
 import type { Session } from "../programs/session.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
-import { printEvent, turnExitCode } from "./turnOutput.js"
+import type { AgentEvent } from "../protocol/Messages.js"
+import { agentOutput, printEvent, turnExitCode } from "./turnOutput.js"
 
 /** `transcript.json`: the interactive mode's log of a session (the SDK never writes it). */
 export const TRANSCRIPT_FORMAT = 1
+/** a prompt turn's structured record: the answer, each tool call with its result, usage, the end */
+const AgentTurnRecord = Schema.Struct({
+  answer: Schema.String,
+  tools: Schema.Array(
+    Schema.Struct({
+      id: Schema.String,
+      name: Schema.String,
+      input: Schema.Unknown,
+      exitCode: Schema.optional(Schema.NullOr(Schema.Number)),
+      output: Schema.optional(Schema.String),
+      truncated: Schema.optional(Schema.Boolean),
+      isError: Schema.optional(Schema.Boolean),
+      durationMs: Schema.optional(Schema.Number)
+    })
+  ),
+  usage: Schema.optional(
+    Schema.Struct({
+      model: Schema.String,
+      inputTokens: Schema.Number,
+      outputTokens: Schema.Number,
+      costUsd: Schema.optional(Schema.Number)
+    })
+  ),
+  retries: Schema.optional(Schema.Number),
+  end: Schema.optional(Schema.Struct({ reason: Schema.String, message: Schema.optional(Schema.String) }))
+})
+type AgentTurnRecord = typeof AgentTurnRecord.Type
 const TranscriptEntry = Schema.Struct({
   at: Schema.String,
   text: Schema.String,
+  /** absent: a shell turn (transcripts written before prompt turns existed) */
+  mode: Schema.optional(Schema.Literal("shell", "prompt")),
   /** what the turn printed, capped so the file stays small */
   output: Schema.String,
   exitCode: Schema.Number,
-  cancelled: Schema.Boolean
+  cancelled: Schema.Boolean,
+  /** prompt turns: the structured turn */
+  agent: Schema.optional(AgentTurnRecord)
 })
 export const Transcript = Schema.Struct({
   format: Schema.Literal(TRANSCRIPT_FORMAT),
@@ -49,15 +81,66 @@ const loadTranscript = (file: string, sessionId: string): Effect.Effect<Transcri
   )
 
 const HELP =
-  "type a turn and press Enter · Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session" +
-  " · /diff [--stat] shows the changes since Open"
+  "type a prompt for the agent and press Enter · !cmd runs a shell command · /tools shows the last turn's tool output · " +
+  "Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session · /diff [--stat] shows the changes since Open"
+
+/**
+ * a line as typed → the turn: `!cmd` a shell command, anything else a prompt (or, for a session
+ * with an agent command, `--agent`, a turn for that command)
+ */
+export const parseLine = (
+  line: string,
+  lines: "prompt" | "shell" = "prompt"
+): { readonly text: string; readonly mode: "shell" | "prompt" } =>
+  line.startsWith("!") ? { text: line.slice(1).trim(), mode: "shell" } : { text: line, mode: lines }
+
+/** folds a prompt turn's events into its transcript record (tool outputs capped) */
+const recordAgentEvent = (record: AgentTurnRecord, event: AgentEvent): AgentTurnRecord => {
+  switch (event.kind) {
+    case "text":
+      return record.answer.length < OUTPUT_CAP
+        ? { ...record, answer: record.answer + event.delta.slice(0, OUTPUT_CAP - record.answer.length) }
+        : record
+    case "tool_call":
+      return { ...record, tools: [...record.tools, { id: event.id, name: event.name, input: event.input }] }
+    case "tool_result":
+      return {
+        ...record,
+        tools: record.tools.map((tool) =>
+          tool.id === event.id
+            ? {
+                ...tool,
+                exitCode: event.exitCode,
+                output: event.output.slice(0, OUTPUT_CAP),
+                truncated: event.truncated || event.output.length > OUTPUT_CAP,
+                isError: event.isError,
+                durationMs: event.durationMs
+              }
+            : tool
+        )
+      }
+    case "usage": {
+      const { kind: _kind, ...usage } = event
+      return { ...record, usage }
+    }
+    case "retry":
+      return { ...record, retries: (record.retries ?? 0) + 1 }
+    case "agent_end":
+      return {
+        ...record,
+        end: { reason: event.reason, ...(event.message === undefined ? {} : { message: event.message }) }
+      }
+    default:
+      return record
+  }
+}
 
 /**
  * The interactive mode: a prompt for turns, events streamed as they come; Ctrl-C cancels the
  * running turn (the turn's stream is interrupted, which sends `cancel`), Ctrl-D or `/exit`
  * returns, and the caller's scope closes the session.
  */
-export const interactive = (session: Session) =>
+export const interactive = (session: Session, options: { readonly lines?: "prompt" | "shell" } = {}) =>
   Effect.gen(function* () {
     const transcriptFile = path.join(session.dir, "transcript.json")
     let transcript = yield* loadTranscript(transcriptFile, session.id)
@@ -108,13 +191,23 @@ export const interactive = (session: Session) =>
         )
         continue
       }
+      if (text === "/tools") {
+        const outputs = agentOutput.toolOutputs()
+        if (outputs.length === 0) process.stderr.write("· no tool output in the last turn\n")
+        for (const tool of outputs) process.stderr.write(`── ${tool.title}\n${tool.output}\n`)
+        continue
+      }
+      const { text: turnText, mode } = parseLine(text, options.lines)
+      if (turnText === "") continue
       const started = new Date().toISOString()
       let output = ""
-      const turn = session.turn(text).pipe(
+      let agent: AgentTurnRecord | undefined = mode === "prompt" ? { answer: "", tools: [] } : undefined
+      const turn = session.turn(turnText, mode).pipe(
         Stream.tap((event) => {
           if (event._tag === "Event" && (event.event.kind === "stdout" || event.event.kind === "stderr")) {
             if (output.length < OUTPUT_CAP) output += event.event.data.slice(0, OUTPUT_CAP - output.length)
           }
+          if (event._tag === "Event" && agent !== undefined) agent = recordAgentEvent(agent, event.event)
           return printEvent(event)
         }),
         Stream.runLast,
@@ -136,7 +229,18 @@ export const interactive = (session: Session) =>
       if (code !== 0) process.stderr.write(`· exit ${code}${cancelled ? " (cancelled)" : ""}\n`)
       transcript = {
         ...transcript,
-        entries: [...transcript.entries, { at: started, text, output, exitCode: code, cancelled }]
+        entries: [
+          ...transcript.entries,
+          {
+            at: started,
+            text: turnText,
+            mode,
+            output: agent === undefined ? output : agent.answer,
+            exitCode: code,
+            cancelled,
+            ...(agent === undefined ? {} : { agent })
+          }
+        ]
       }
       yield* writeJsonAtomic(transcriptFile, Transcript, transcript).pipe(
         Effect.catchAll((error) =>

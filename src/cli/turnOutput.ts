@@ -1,6 +1,10 @@
 import * as Effect from "effect/Effect"
 import { escapeControl } from "../lib/text.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
+import { agentRenderer, isModelEvent } from "./agentOutput.js"
+
+/** the model agent's events of this process's turns (one terminal: one renderer) */
+export const agentOutput = agentRenderer(process.stderr.isTTY === true)
 
 /** the exact bytes of a stdout/stderr event (`bytes`, else its `base64` as relayed, else its text) */
 const outputBytes = (event: TurnEvent): Uint8Array | undefined => {
@@ -15,6 +19,12 @@ export const printEvent = (event: TurnEvent) =>
   Effect.sync(() => {
     if (event._tag === "End") return
     const e = event.event
+    if (isModelEvent(e)) {
+      const { stdout, stderr } = agentOutput.render(e)
+      if (stdout !== "") process.stdout.write(stdout)
+      if (stderr !== "") process.stderr.write(stderr)
+      return
+    }
     switch (e.kind) {
       case "stdout":
         process.stdout.write(outputBytes(event)!)

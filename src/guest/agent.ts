@@ -11,13 +11,14 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
-import type { ControlMessage } from "../protocol/Messages.js"
+import type { AgentEvent, ControlMessage } from "../protocol/Messages.js"
 import { FEATURE_EXPORT, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
 import { changedEntries, exportOperands, exportTar } from "./exportTree.js"
 import { extractTar } from "./extract.js"
 import { baselineDir } from "./repoDisk.js"
+import type { PromptRunner } from "./prompts.js"
 import type { TurnRunner } from "./turns.js"
 import { channelDuplex } from "./tunnels.js"
 
@@ -36,6 +37,8 @@ export interface GuestAgentOptions {
   readonly repoDir: string
   readonly stateDir: string
   readonly runner: TurnRunner
+  /** prompt turns (the model agent); absent: a prompt turn is refused with an error */
+  readonly prompts?: PromptRunner | undefined
   readonly history: ReadonlyArray<ContextTurn>
   /** chown extracted files (root only) */
   readonly owner?: { readonly uid: number; readonly gid: number } | undefined
@@ -117,7 +120,7 @@ export class GuestAgent {
     await link.sendControl({ type: "ready" })
     const end = await ended
     this.shuttingDown = true
-    await this.options.runner.stop()
+    await Promise.all([this.options.runner.stop(), this.options.prompts?.stop()])
     await this.turnDone
     await this.save()
     return end
@@ -132,7 +135,8 @@ export class GuestAgent {
 
   private async save(): Promise<void> {
     try {
-      await saveContext(this.options.stateDir, this.history)
+      const messages = this.options.prompts === undefined ? [] : await this.options.prompts.messages()
+      await saveContext(this.options.stateDir, this.history, messages)
     } catch (error) {
       this.options.log(`could not save the context: ${errorText(error)}`)
     }
@@ -154,10 +158,11 @@ export class GuestAgent {
         )
         return
       case "user_turn":
-        return this.startTurn(message.turn, message.text)
+        return this.startTurn(message.turn, message.text, message.mode ?? "shell")
       case "cancel":
         // cancelling a turn that already ended is not an error: the two crossed on the wire
         this.options.runner.cancel(message.turn)
+        this.options.prompts?.cancel(message.turn)
         return
       case "shutdown":
         if (this.options.ignoreShutdown === true) {
@@ -340,18 +345,31 @@ export class GuestAgent {
     }
   }
 
-  private startTurn(turn: number, text: string): Promise<void> | void {
-    const { runner } = this.options
-    if (runner.current !== undefined) {
+  private startTurn(turn: number, text: string, mode: "shell" | "prompt"): Promise<void> | void {
+    const { runner, prompts } = this.options
+    const busy = runner.current ?? prompts?.current
+    if (busy !== undefined) {
       return this.send({
         type: "error",
         code: "turn_busy",
-        message: `turn ${runner.current} is still running; one turn at a time`,
+        message: `turn ${busy} is still running; one turn at a time`,
+        turn
+      })
+    }
+    if (mode === "prompt" && prompts === undefined) {
+      return this.send({
+        type: "error",
+        code: "no_model_agent",
+        message: "this guest has no model agent for prompt turns",
         turn
       })
     }
     const startedAt = this.now().toISOString()
-    const outcome = runner.run(turn, text, (event) => this.send({ type: "agent_event", turn, event }))
+    const sink = (event: AgentEvent) => this.send({ type: "agent_event", turn, event })
+    const outcome =
+      mode === "prompt" && prompts !== undefined
+        ? prompts.run(turn, text, sink)
+        : runner.run(turn, text, sink)
     this.turnDone = outcome.then(
       async (result) => {
         this.history.push({ turn, text, ...result, startedAt, endedAt: this.now().toISOString() })

@@ -31,7 +31,8 @@ import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
 import { mountRepoDisks, type RepoDisks } from "./repoDisk.js"
 import { openRpc } from "./rpcPort.js"
 import { TunnelClient } from "./tunnels.js"
-import { TurnRunner } from "./turns.js"
+import { PromptRunner } from "./prompts.js"
+import { TurnRunner, turnEnv } from "./turns.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
 
 export const GUEST_VERSION = "0.1.0"
@@ -97,6 +98,8 @@ const readConfigDisk = async (file: string): Promise<Either.Either<GuestConfig, 
  */
 export interface EgressProxy {
   readonly env: Readonly<Record<string, string>>
+  /** the proxy's port on 127.0.0.1 (absent: it did not start) */
+  readonly port?: number
   readonly onTunnelMessage?: (message: ControlMessage) => void
   readonly close: () => void
 }
@@ -167,6 +170,7 @@ export const startEgressProxy = async (
   const running = proxy
   return {
     env,
+    port: proxy.port,
     onTunnelMessage: (message) => tunnels.onMessage(message),
     close: () => {
       tunnels.close()
@@ -235,6 +239,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   let user: TurnUser | undefined
   let history
   let disks: RepoDisks = { repo: false, baseline: false }
+  let messages: ReadonlyArray<unknown> = []
   try {
     user = isRoot() ? await resolveUser(flags.user) : undefined
     await ensureStateDir(flags.state)
@@ -243,6 +248,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
       log(`context.json did not decode (${loaded.keptAside.reason}); kept as ${loaded.keptAside.path}`)
     }
     history = loaded.turns
+    messages = loaded.messages
     await fs.mkdir(flags.repo, { recursive: true, mode: 0o755 })
     if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, flags.state)
     if (user !== undefined) await fs.chown(flags.repo, user.uid, user.gid)
@@ -251,16 +257,30 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   }
 
   const proxy = await startEgressProxy(mux, config.right, flags)
-  const runner = new TurnRunner({
+  const turnEnvironment = {
     repoDir: flags.repo,
     model: config.right.model,
     user,
     agentArgv: config.right.agent?.argv,
     extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
+  }
+  const runner = new TurnRunner(turnEnvironment)
+  // the model agent: its bundle loads on the first prompt turn, not here
+  const prompts = new PromptRunner({
+    spec: config.right.modelSpec,
+    maxSteps: config.right.maxSteps,
+    repoDir: flags.repo,
+    user,
+    env: turnEnv(turnEnvironment),
+    messages,
+    proxyPort: proxy.port,
+    caPems: config.right.brokerCaCert === undefined ? [] : [config.right.brokerCaCert],
+    log
   })
   // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent
   process.once("SIGTERM", () => {
     runner.killNow()
+    prompts.killNow()
     process.exit(128 + 15)
   })
   const agent = new GuestAgent({
@@ -270,6 +290,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     repoDir: flags.repo,
     stateDir: flags.state,
     runner,
+    prompts,
     history,
     owner: user === undefined ? undefined : { uid: user.uid, gid: user.gid },
     ignoreShutdown: config.right.ignoreShutdown,

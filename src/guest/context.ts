@@ -11,7 +11,11 @@ import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 
-export const CONTEXT_FORMAT = 1
+/**
+ * 2 adds `messages` (the model conversation, @effect/ai Prompt messages in their encoded JSON
+ * form); a format-1 file still loads (no messages).
+ */
+export const CONTEXT_FORMAT = 2
 export const CONTEXT_FILE = "context.json"
 
 export const ContextTurn = Schema.Struct({
@@ -26,8 +30,10 @@ export const ContextTurn = Schema.Struct({
 export type ContextTurn = typeof ContextTurn.Type
 
 export const ContextFile = Schema.Struct({
-  format: Schema.Literal(CONTEXT_FORMAT),
-  turns: Schema.Array(ContextTurn)
+  format: Schema.Literal(1, CONTEXT_FORMAT),
+  turns: Schema.Array(ContextTurn),
+  /** the model conversation; decoded by the model agent when a prompt turn loads it */
+  messages: Schema.optional(Schema.Array(Schema.Unknown))
 })
 export type ContextFile = typeof ContextFile.Type
 
@@ -36,6 +42,7 @@ const encodeContext = Schema.encodeSync(Schema.parseJson(ContextFile, { space: 2
 
 export interface LoadedContext {
   readonly turns: ReadonlyArray<ContextTurn>
+  readonly messages: ReadonlyArray<unknown>
   /** set when a corrupt file was kept aside: where it went and why */
   readonly keptAside?: { readonly path: string; readonly reason: string }
 }
@@ -58,24 +65,29 @@ export const loadContext = async (
   try {
     text = await fs.readFile(file, "utf8")
   } catch (error) {
-    if (isErrno(error, "ENOENT")) return { turns: [] }
+    if (isErrno(error, "ENOENT")) return { turns: [], messages: [] }
     throw error
   }
   const decoded = decodeContext(text)
-  if (Either.isRight(decoded)) return { turns: decoded.right.turns }
+  if (Either.isRight(decoded)) return { turns: decoded.right.turns, messages: decoded.right.messages ?? [] }
   const aside = `${file}.corrupt-${now().toISOString().replace(/[:.]/g, "-")}`
   await fs.rename(file, aside)
   return {
     turns: [],
+    messages: [],
     keptAside: { path: aside, reason: ParseResult.TreeFormatter.formatErrorSync(decoded.left) }
   }
 }
 
 /** temp file in the same dir → write → fsync → rename over → fsync the dir */
-export const saveContext = async (stateDir: string, turns: ReadonlyArray<ContextTurn>): Promise<void> => {
+export const saveContext = async (
+  stateDir: string,
+  turns: ReadonlyArray<ContextTurn>,
+  messages: ReadonlyArray<unknown> = []
+): Promise<void> => {
   const file = path.join(stateDir, CONTEXT_FILE)
   const temp = `${file}.tmp-${process.pid}`
-  const bytes = encodeContext({ format: CONTEXT_FORMAT, turns }) + "\n"
+  const bytes = encodeContext({ format: CONTEXT_FORMAT, turns, messages }) + "\n"
   const handle = await fs.open(temp, "w", 0o600)
   try {
     await handle.writeFile(bytes, "utf8")

@@ -570,7 +570,7 @@ const connect = (
         })
       ).pipe(Stream.withSpan("GuestRpc.exportTree"))
 
-    const turn = (text: string): Stream.Stream<TurnEvent, GuestRpcError> =>
+    const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
       Stream.unwrapScoped(
         Effect.gen(function* () {
           yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
@@ -601,7 +601,7 @@ const connect = (
               yield* Queue.shutdown(entry.queue)
             })
           )
-          yield* send({ type: "user_turn", turn: id, text })
+          yield* send({ type: "user_turn", turn: id, text, ...(mode === "prompt" ? { mode } : {}) })
           return Stream.fromQueue(entry.queue).pipe(
             Stream.mapEffect((item) => (isTurnEvent(item) ? Effect.succeed(item) : Effect.fail(item))),
             Stream.takeUntil((event) => event._tag === "End")

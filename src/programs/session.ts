@@ -12,7 +12,7 @@ import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
-import { GUEST_CONFIG_FORMAT, type GuestConfig } from "../protocol/GuestConfig.js"
+import { GUEST_CONFIG_FORMAT, type GuestConfig, type ModelSpec } from "../protocol/GuestConfig.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import {
   GuestDisconnected,
@@ -34,6 +34,17 @@ import {
   type VmHandle
 } from "../services/VmmBackend.js"
 import { hostArch } from "../lib/arch.js"
+import { withRules } from "../lib/broker/policy.js"
+import {
+  brokerRulesFor,
+  mergeCatalog,
+  MODEL_CATALOG_FILE,
+  ModelCatalogError,
+  resolveModel,
+  type ModelCatalog
+} from "../lib/models.js"
+import * as Config from "effect/Config"
+import * as Either from "effect/Either"
 import { checkCompatibility } from "./compat.js"
 
 /** A running session: the VM is up, the guest said hello. Closing its scope is Close. */
@@ -43,11 +54,18 @@ export interface Session {
   readonly meta: SessionMeta
   readonly hello: HelloMessage
   readonly connection: GuestConnection
-  /** one turn: the guest's events as they come, ending with `End`; interrupting it cancels the turn */
-  readonly turn: (text: string) => Stream.Stream<TurnEvent, GuestRpcError>
+  /**
+   * one turn: the guest's events as they come, ending with `End`; interrupting it cancels the
+   * turn. `mode`: "shell" (default) runs a command, "prompt" asks the model agent.
+   */
+  readonly turn: (text: string, mode?: TurnMode) => Stream.Stream<TurnEvent, GuestRpcError>
+  /** the model the session's prompt turns use (resolved from the catalog at boot), if any */
+  readonly modelSpec?: ModelSpec | undefined
   /** source entries the snapshot left out (sockets, fifos, devices); empty on resume */
   readonly skipped: ReadonlyArray<string>
 }
+
+export type TurnMode = "shell" | "prompt"
 
 export interface BootOptions {
   readonly model?: string | undefined
@@ -142,15 +160,53 @@ const defaultPolicy = Effect.gen(function* () {
   return present ? yield* broker.loadPolicy(file) : DENY_ALL
 })
 
+/** the model catalog: built in, overridden by `$ABOX_HOME/models.json` (docs/on-disk.md) */
+export const loadModelCatalog = Effect.gen(function* () {
+  const paths = yield* AboxPaths
+  const file = path.join(paths.home, MODEL_CATALOG_FILE)
+  const text = yield* Effect.tryPromise({
+    try: () =>
+      fs.readFile(file, "utf8").catch((error: NodeJS.ErrnoException) => {
+        if (error.code === "ENOENT") return undefined
+        throw error
+      }),
+    catch: (error) => new ModelCatalogError({ path: file, message: `cannot read ${file}: ${String(error)}` })
+  })
+  const merged = mergeCatalog(text)
+  if (Either.isLeft(merged)) {
+    return yield* new ModelCatalogError({
+      path: file,
+      message: `${file} is not a valid model catalog: ${merged.left}`
+    })
+  }
+  return merged.right satisfies ModelCatalog
+})
+
+/**
+ * The session's model and the policy the broker enforces for this boot: the provider's rules
+ * (its preset) join the policy when the host has the model's key variable set, so a key in the
+ * environment is all it takes. Not recorded in session.json: each boot derives them again.
+ */
+const modelAndPolicy = Effect.fn("session.modelAndPolicy")(function* (alias: string, policy: BrokerPolicy) {
+  const spec = resolveModel(yield* loadModelCatalog, alias)
+  if (spec?.apiKeyEnv === undefined) return { spec, policy }
+  const key = yield* Config.option(Config.redacted(spec.apiKeyEnv)).pipe(
+    Effect.orElseSucceed(() => Option.none())
+  )
+  return { spec, policy: Option.isSome(key) ? withRules(policy, brokerRulesFor(spec)) : policy }
+})
+
 const guestConfigFor = (
   id: string,
   options: BootOptions,
   policy: BrokerPolicy,
-  caCert: string
+  caCert: string,
+  modelSpec: ModelSpec | undefined
 ): GuestConfig => ({
   format: GUEST_CONFIG_FORMAT,
   sessionId: id,
   model: options.model ?? DEFAULT_MODEL,
+  ...(modelSpec === undefined ? {} : { modelSpec }),
   brokerCaCert: caCert,
   // the agent's processes see these names with a placeholder; the broker adds the real value
   placeholderEnv: [
@@ -174,7 +230,7 @@ const boot = Effect.fn("session.boot")(function* (
   image: Pick<GoldenImage, "kernel" | "initrd" | "arch">,
   lock: HeldLock,
   options: BootOptions,
-  policy: BrokerPolicy,
+  recordedPolicy: BrokerPolicy,
   repoDisks: RepoDisks | undefined
 ) {
   const store = yield* SessionStore
@@ -185,9 +241,11 @@ const boot = Effect.fn("session.boot")(function* (
   const files = sessionFiles(dir)
 
   yield* phase(options, "config")
+  const model = yield* modelAndPolicy(options.model ?? DEFAULT_MODEL, recordedPolicy)
+  const policy = model.policy
   // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
   const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
-  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker.caCertPem))
+  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker.caCertPem, model.spec))
 
   const vmRef = yield* Ref.make(Option.none<VmHandle>())
   yield* Effect.addFinalizer(() =>
@@ -248,13 +306,17 @@ const boot = Effect.fn("session.boot")(function* (
   )
   const connection = yield* Effect.raceFirst(listener.accept, died)
   yield* Effect.forkScoped(broker.serve(connection.tunnels))
-  return { connection, broker }
+  return { connection, broker, modelSpec: model.spec }
 })
 
 const sessionFrom = (
   meta: SessionMeta,
   dir: string,
-  booted: { readonly connection: GuestConnection; readonly broker: BrokerSession },
+  booted: {
+    readonly connection: GuestConnection
+    readonly broker: BrokerSession
+    readonly modelSpec?: ModelSpec | undefined
+  },
   skipped: ReadonlyArray<string>
 ): Session => {
   const { connection, broker } = booted
@@ -266,13 +328,14 @@ const sessionFrom = (
     meta,
     hello: connection.hello,
     connection,
-    turn: (text) =>
+    turn: (text, mode) =>
       Stream.unwrapScoped(
         Effect.acquireRelease(
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
-        ).pipe(Effect.as(connection.turn(text)))
+        ).pipe(Effect.as(connection.turn(text, mode)))
       ),
+    modelSpec: booted.modelSpec,
     skipped
   }
 }

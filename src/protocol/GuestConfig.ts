@@ -12,6 +12,26 @@ export const AgentCommand = Schema.Struct({
   argv: Schema.Array(Schema.String).pipe(Schema.minItems(1))
 })
 
+/**
+ * The model a prompt turn talks to, resolved on the host from the model catalog: secretless (the
+ * key is added by the broker; `apiKeyEnv` names the host's variable for messages only).
+ */
+export const ModelSpec = Schema.Struct({
+  provider: Schema.Literal("anthropic", "openai"),
+  /** the provider's model id */
+  id: Schema.String,
+  /** base URL: Anthropic `https://api.anthropic.com`, OpenAI (or compatible) `…/v1` */
+  endpoint: Schema.String,
+  /** the host's environment variable holding the key (for messages; the guest never sees a value) */
+  apiKeyEnv: Schema.optional(Schema.String),
+  contextWindow: Schema.optional(Schema.Number),
+  maxOutputTokens: Schema.optional(Schema.Number),
+  /** US dollars per million tokens, when known */
+  inputPrice: Schema.optional(Schema.Number),
+  outputPrice: Schema.optional(Schema.Number)
+})
+export type ModelSpec = typeof ModelSpec.Type
+
 export const GuestConfig = Schema.Struct({
   format: Schema.Literal(GUEST_CONFIG_FORMAT),
   sessionId: Schema.String,
@@ -25,6 +45,10 @@ export const GuestConfig = Schema.Struct({
    * (credentials the broker adds on the host side); names only, never a value
    */
   placeholderEnv: Schema.optional(Schema.Array(Schema.String)),
+  /** the resolved model alias (absent: prompt turns end with an error naming the problem) */
+  modelSpec: Schema.optional(ModelSpec),
+  /** model requests per prompt turn at most (default 50) */
+  maxSteps: Schema.optional(Schema.Int.pipe(Schema.between(1, 1000))),
   /** test images only: the agent ignores `shutdown` so the host's bounded kill path runs */
   ignoreShutdown: Schema.optional(Schema.Boolean)
 })

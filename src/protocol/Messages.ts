@@ -5,8 +5,71 @@ export const PROTOCOL_VERSION = 4
 /** The oldest guest protocol this host speaks. */
 export const MIN_GUEST_PROTOCOL = 4
 
+/**
+ * The model agent's events (a prompt turn; additive to v4, docs/protocol.md "Agent events"): an
+ * older host shows them as JSON, an older guest never sends them.
+ */
+export const TextEvent = Schema.Struct({
+  kind: Schema.Literal("text"),
+  /** the assistant's answer as it streams */
+  delta: Schema.String
+})
+export const ToolCallEvent = Schema.Struct({
+  kind: Schema.Literal("tool_call"),
+  id: Schema.String,
+  name: Schema.String,
+  input: Schema.Unknown
+})
+export const ToolResultEvent = Schema.Struct({
+  kind: Schema.Literal("tool_result"),
+  id: Schema.String,
+  name: Schema.String,
+  /** a process's exit status (null: killed, or a tool that runs no process) */
+  exitCode: Schema.NullOr(Schema.Number),
+  /** the output as the model sees it: capped, head and tail kept, the cut said */
+  output: Schema.String,
+  truncated: Schema.Boolean,
+  /** the tool failed (refused path, no match, timeout, non-zero exit) */
+  isError: Schema.Boolean,
+  durationMs: Schema.Number
+})
+export const UsageEvent = Schema.Struct({
+  kind: Schema.Literal("usage"),
+  model: Schema.String,
+  inputTokens: Schema.Number,
+  outputTokens: Schema.Number,
+  /** US dollars, when the model catalog knows the prices */
+  costUsd: Schema.optional(Schema.Number)
+})
+export const RetryEvent = Schema.Struct({
+  kind: Schema.Literal("retry"),
+  /** 1 for the first retry */
+  attempt: Schema.Number,
+  delayMs: Schema.Number,
+  reason: Schema.String
+})
+export const AgentEndReason = Schema.Literal("done", "max_steps", "cancelled", "error")
+export const AgentEndEvent = Schema.Struct({
+  kind: Schema.Literal("agent_end"),
+  reason: AgentEndReason,
+  /** model requests made in the turn */
+  steps: Schema.Number,
+  /** why, for `error` (401 names the host's environment variable; a broker refusal its reason) */
+  message: Schema.optional(Schema.String)
+})
+const ModelAgentEvents = [
+  TextEvent,
+  ToolCallEvent,
+  ToolResultEvent,
+  UsageEvent,
+  RetryEvent,
+  AgentEndEvent
+] as const
+
 /** standard base64 (RFC 4648 §4, padded) */
-const Base64 = Schema.String.pipe(Schema.pattern(/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/))
+const Base64 = Schema.String.pipe(
+  Schema.pattern(/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/)
+)
 
 /**
  * Output bytes of a turn. `data` is the text; when the bytes are not valid UTF-8, `base64`
@@ -22,7 +85,8 @@ export const AgentEvent = Schema.Union(
   /** a JSON line printed by a configured agent command */
   Schema.Struct({ kind: Schema.Literal("json"), value: Schema.Unknown }),
   /** agent-side notes (e.g. "turn started", "cancelling") */
-  Schema.Struct({ kind: Schema.Literal("status"), message: Schema.String })
+  Schema.Struct({ kind: Schema.Literal("status"), message: Schema.String }),
+  ...ModelAgentEvents
 )
 export type AgentEvent = typeof AgentEvent.Type
 
@@ -75,7 +139,12 @@ export const TunnelOpen = msg("tunnel_open", {
 })
 
 // host → guest
-export const UserTurn = msg("user_turn", { turn: Schema.Number, text: Schema.String })
+export const UserTurn = msg("user_turn", {
+  turn: Schema.Number,
+  text: Schema.String,
+  /** absent or "shell": a shell command (or the configured agent command); "prompt": the model agent */
+  mode: Schema.optional(Schema.Literal("shell", "prompt"))
+})
 export const Cancel = msg("cancel", { turn: Schema.Number })
 export const TransferBegin = msg("transfer_begin", {
   channel: Schema.Number,

@@ -24,7 +24,7 @@ import * as Repo from "../programs/repo.js"
 import * as Detached from "../programs/detached.js"
 import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
-import type { HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import {
@@ -36,6 +36,22 @@ import {
 
 export type { BootOptions, OpenOptions, Phase, Session } from "../programs/session.js"
 export type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
+export type { ModelSpec } from "../protocol/GuestConfig.js"
+export type { TurnMode } from "../programs/session.js"
+export { ModelCatalogError } from "../lib/models.js"
+
+/** the model agent's events (a prompt turn), one type per kind */
+export type TextEvent = Extract<AgentEvent, { kind: "text" }>
+export type ToolCallEvent = Extract<AgentEvent, { kind: "tool_call" }>
+export type ToolResultEvent = Extract<AgentEvent, { kind: "tool_result" }>
+export type UsageEvent = Extract<AgentEvent, { kind: "usage" }>
+export type RetryEvent = Extract<AgentEvent, { kind: "retry" }>
+export type AgentEndEvent = Extract<AgentEvent, { kind: "agent_end" }>
+
+/** options of one turn: `mode: "prompt"` asks the model agent; default a shell command */
+export interface TurnOptions {
+  readonly mode?: Programs.TurnMode
+}
 export type { TurnEvent, TurnResult } from "../services/GuestRpc.js"
 export type { NameBinding, SessionListing, SessionMeta } from "../services/SessionStore.js"
 export type { ScrubReport } from "../services/SecretScrubber.js"
@@ -124,6 +140,10 @@ export interface TurnOutcome {
   readonly stdoutBytes: Uint8Array
   readonly stderrBytes: Uint8Array
   readonly events: ReadonlyArray<TurnEvent>
+  /** a prompt turn: the assistant's answer (its text deltas joined) */
+  readonly answer: string
+  /** a prompt turn: its `agent_end` (why it stopped) */
+  readonly agentEnd?: AgentEndEvent | undefined
 }
 
 /** An open session. Close it (`await session.close()`, or `await using`): a leaked session leaves a VM. */
@@ -134,9 +154,9 @@ export interface SessionHandle extends AsyncDisposable {
   readonly hello: HelloMessage
   readonly skipped: ReadonlyArray<string>
   /** the turn's events as they come; leaving the loop early cancels the turn */
-  turn(text: string): AsyncIterable<TurnEvent>
+  turn(text: string, options?: TurnOptions): AsyncIterable<TurnEvent>
   /** a whole turn, collected */
-  run(text: string): Promise<TurnOutcome>
+  run(text: string, options?: TurnOptions): Promise<TurnOutcome>
   /** Close: shutdown RPC → bounded stop of the VM → unlock. Idempotent. */
   close(): Promise<void>
   readonly closed: boolean
@@ -183,24 +203,37 @@ const collectTurn = async (events: AsyncIterable<TurnEvent>): Promise<TurnOutcom
   const all: Array<TurnEvent> = []
   let stdout = ""
   let stderr = ""
+  let answer = ""
+  let agentEnd: AgentEndEvent | undefined
   const out: Array<Uint8Array> = []
   const err: Array<Uint8Array> = []
   for await (const event of events) {
     all.push(event)
-    if (event._tag === "Event" && event.event.kind === "stdout") {
+    if (event._tag !== "Event") continue
+    if (event.event.kind === "stdout") {
       stdout += event.event.data
       if (event.bytes !== undefined) out.push(event.bytes)
     }
-    if (event._tag === "Event" && event.event.kind === "stderr") {
+    if (event.event.kind === "stderr") {
       stderr += event.event.data
       if (event.bytes !== undefined) err.push(event.bytes)
     }
+    if (event.event.kind === "text") answer += event.event.delta
+    if (event.event.kind === "agent_end") agentEnd = event.event
   }
   const output = { stdout, stderr, stdoutBytes: Buffer.concat(out), stderrBytes: Buffer.concat(err) }
   const end = all.at(-1)
+  const agent = { answer, ...(agentEnd === undefined ? {} : { agentEnd }) }
   return end !== undefined && end._tag === "End"
-    ? { exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled, ...output, events: all }
-    : { exitCode: null, signal: null, cancelled: true, ...output, events: all }
+    ? {
+        exitCode: end.exitCode,
+        signal: end.signal,
+        cancelled: end.cancelled,
+        ...output,
+        events: all,
+        ...agent
+      }
+    : { exitCode: null, signal: null, cancelled: true, ...output, events: all, ...agent }
 }
 
 const handleFor = async (
@@ -216,7 +249,8 @@ const handleFor = async (
   }
   let closing: Promise<void> | undefined
   const close = () => (closing ??= run(Scope.close(scope, Exit.void)))
-  const iterate = (text: string): AsyncIterable<TurnEvent> => iterableOf(() => session.turn(text))
+  const iterate = (text: string, options?: TurnOptions): AsyncIterable<TurnEvent> =>
+    iterableOf(() => session.turn(text, options?.mode))
   const handle: SessionHandle = {
     id: session.id,
     dir: session.dir,
@@ -224,7 +258,7 @@ const handleFor = async (
     hello: session.hello,
     skipped: session.skipped,
     turn: iterate,
-    run: (text) => collectTurn(iterate(text)),
+    run: (text, options) => collectTurn(iterate(text, options)),
     close,
     get closed() {
       return closing !== undefined
@@ -302,8 +336,11 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
     )
   )
   let closed = false
-  const turn = (text: string) => {
+  const turn = (text: string, options?: TurnOptions) => {
     if (closed) throw new Error(`session handle ${id} is closed`)
+    // the supervisor's control socket carries shell turns only, so far
+    if (options?.mode === "prompt")
+      throw new Error(`prompt turns are not yet served over a detached session's socket (${id})`)
     return iterableOf(() => Detached.remoteTurn(id, text))
   }
   const close = async () => {
@@ -316,7 +353,7 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
     hello: status.value.hello,
     skipped: [],
     turn,
-    run: (text) => collectTurn(turn(text)),
+    run: (text, options) => collectTurn(turn(text, options)),
     close,
     get closed() {
       return closed
@@ -468,8 +505,8 @@ export class SessionManager {
       get closed() {
         return handle.closed
       },
-      turn: (text) => {
-        const events = handle.turn(text)
+      turn: (text, options) => {
+        const events = handle.turn(text, options)
         return {
           [Symbol.asyncIterator]: () => {
             busy++
@@ -493,11 +530,11 @@ export class SessionManager {
           }
         }
       },
-      run: async (text) => {
+      run: async (text, options) => {
         busy++
         arm()
         try {
-          return await handle.run(text)
+          return await handle.run(text, options)
         } finally {
           busy--
           arm()

@@ -105,14 +105,16 @@ export interface GuestConnection {
    */
   readonly exportTree: (request: ExportRequest) => Stream.Stream<Uint8Array, TransferFailed | GuestRpcError>
   /** one turn: its events as they come, ending with `End`; interrupting the stream cancels the turn */
-  readonly turn: (text: string) => Stream.Stream<TurnEvent, GuestRpcError>
+  readonly turn: (text: string, mode?: "shell" | "prompt") => Stream.Stream<TurnEvent, GuestRpcError>
   readonly cancel: (turn: number) => Effect.Effect<void, GuestRpcError>
   /** ask the guest to sync and power off; waits (bounded) for its acknowledgement or disconnect */
   readonly shutdown: Effect.Effect<void, GuestRpcError>
   /** tunnels the guest opens (broker); each must be accepted or denied */
   readonly tunnels: Stream.Stream<TunnelRequest>
   /** a byte stream to 127.0.0.1:<port> in the guest (protocol `forward_open`); closed with the scope */
-  readonly forward: (port: number) => Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope>
+  readonly forward: (
+    port: number
+  ) => Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope>
 }
 
 export interface TransferOptions {

@@ -4,8 +4,16 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
-import { open, resume, type BootOptions, type Phase, type Session } from "../../programs/session.js"
+import {
+  open,
+  resume,
+  type BootOptions,
+  type Phase,
+  type Session,
+  type TurnMode
+} from "../../programs/session.js"
 import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { CliExit, edge } from "../render.js"
@@ -47,6 +55,26 @@ const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
   Args.withDescription("the repository to copy into the session")
 )
 const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))
+const prompt = Options.text("prompt").pipe(
+  Options.withAlias("p"),
+  Options.optional,
+  Options.withDescription("one turn for the model agent (instead of a shell command after --)")
+)
+
+/** a usage error found in a handler (not by the parser): rendered and exits 64 like the parser's */
+class TurnUsageError extends Schema.TaggedError<TurnUsageError>()("ValidationError", {
+  message: Schema.String
+}) {}
+
+/** `--prompt` or the words after `--`, never both */
+const turnOf = (args: { readonly prompt: Option.Option<string>; readonly turn: ReadonlyArray<string> }) =>
+  Option.isSome(args.prompt)
+    ? args.turn.length > 0
+      ? Effect.fail(
+          new TurnUsageError({ message: "give either --prompt or a shell command after --, not both" })
+        )
+      : Effect.succeed({ text: args.prompt.value, mode: "prompt" as const })
+    : Effect.succeed({ text: args.turn.join(" "), mode: "shell" as const })
 
 export const bootOptions = (args: {
   readonly model: Option.Option<string>
@@ -88,9 +116,9 @@ const writeJsonLine = (value: unknown) =>
   Effect.sync(() => process.stdout.write(JSON.stringify(value) + "\n"))
 
 /** One turn to the terminal: output as it comes; the end's exit status is returned. */
-export const printTurn = (session: Session, text: string, asJson: boolean) =>
+export const printTurn = (session: Session, text: string, asJson: boolean, mode: TurnMode = "shell") =>
   session
-    .turn(text)
+    .turn(text, mode)
     .pipe(
       Stream.runFoldEffect(undefined as TurnEvent | undefined, (_, event) =>
         Effect.as(asJson ? writeJsonLine({ event: jsonEvent(event) }) : printEvent(event), event)
@@ -98,11 +126,15 @@ export const printTurn = (session: Session, text: string, asJson: boolean) =>
     )
 
 /** one turn, then Close (the scope); exits with the turn's status */
-const oneTurn = (session: Session, words: ReadonlyArray<string>, asJson: boolean) =>
+const oneTurn = (
+  session: Session,
+  turn: { readonly text: string; readonly mode: TurnMode },
+  asJson: boolean
+) =>
   Effect.gen(function* () {
     if (asJson) yield* writeJsonLine({ session: session.id, dir: session.dir })
     else yield* Console.error(`abox: session ${session.id}`)
-    const end = yield* printTurn(session, words.join(" "), asJson)
+    const end = yield* printTurn(session, turn.text, asJson, turn.mode)
     const code = turnExitCode(end)
     if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
   })
@@ -124,12 +156,14 @@ export const run = Command.make(
       )
     ),
     json,
+    prompt,
     turn: turnWords
   },
   (args) =>
     edge({ json: args.json })(
       Effect.scoped(
         Effect.gen(function* () {
+          const turn = yield* turnOf(args)
           const session = yield* open({
             ...(yield* bootOptions(args)),
             source: args.source,
@@ -138,12 +172,16 @@ export const run = Command.make(
             onPhase: stepDisplay(!args.json && process.stderr.isTTY === true),
             onProgress: progressBar(!args.json && process.stderr.isTTY === true)
           })
-          yield* oneTurn(session, args.turn, args.json)
+          yield* oneTurn(session, turn, args.json)
           if (args.keep && !args.json) yield* Console.error(`abox: resume with: abox resume ${session.id}`)
         })
       )
     )
-).pipe(Command.withDescription("open a session on <dir>, run one turn, close; exits with the turn's status"))
+).pipe(
+  Command.withDescription(
+    "open a session on <dir>, run one turn (a shell command after --, or --prompt for the model agent), close; exits with the turn's status"
+  )
+)
 
 export const openCommand = Command.make(
   "open",
@@ -167,7 +205,7 @@ export const openCommand = Command.make(
           Effect.scoped(
             Effect.gen(function* () {
               const session = yield* open({
-                ...bootOptions(args),
+                ...(yield* bootOptions(args)),
                 source: args.source,
                 name: Option.getOrUndefined(args.name),
                 image: Option.getOrUndefined(args.image),
@@ -176,7 +214,8 @@ export const openCommand = Command.make(
               })
               for (const skipped of session.skipped)
                 yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-              yield* interactive(session)
+              // with --agent, a line is a turn for that command (as before); else a prompt
+              yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
             })
           )
         )
@@ -188,19 +227,23 @@ export const openCommand = Command.make(
 
 export const resumeCommand = Command.make(
   "resume",
-  { ref: sessionRef, model, cpus, memory, agent, policy, json, turn: turnWords },
+  { ref: sessionRef, model, cpus, memory, agent, policy, json, prompt, turn: turnWords },
   (args) =>
     edge({ json: args.json })(
       Effect.scoped(
         Effect.gen(function* () {
-          const interactiveMode = args.turn.length === 0
+          const turn = yield* turnOf(args)
+          const interactiveMode = args.turn.length === 0 && Option.isNone(args.prompt)
           const session = yield* resume(args.ref, {
             ...(yield* bootOptions(args)),
             onPhase: stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
           })
-          if (interactiveMode) yield* interactive(session)
-          else yield* oneTurn(session, args.turn, args.json)
+          if (interactiveMode)
+            yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
+          else yield* oneTurn(session, turn, args.json)
         })
       )
     )
-).pipe(Command.withDescription("boot an existing session again: interactive, or one turn after --"))
+).pipe(
+  Command.withDescription("boot an existing session again: interactive, or one turn (after --, or --prompt)")
+)

@@ -1,0 +1,313 @@
+/**
+ * The agent loop of a prompt turn: user text → model request (streamed) → tool calls → results →
+ * model … → final answer, at most `maxSteps` requests. Every step's text deltas, tool calls and
+ * results become events as they happen; the conversation (an @effect/ai Prompt) grows by each
+ * completed step, so a cancelled or failed turn keeps what was finished.
+ *
+ * Model errors are events, never hangs: 401/403 name the host's key variable, 429/529/5xx are
+ * retried with backoff (each retry an event), a broker refusal is reported with its reason, a
+ * stream cut mid-answer ends the turn with an error.
+ */
+import type * as AiError from "@effect/ai/AiError"
+import * as LanguageModel from "@effect/ai/LanguageModel"
+import * as Prompt from "@effect/ai/Prompt"
+import type * as Response from "@effect/ai/Response"
+import type * as Toolkit from "@effect/ai/Toolkit"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as Ref from "effect/Ref"
+import * as Schema from "effect/Schema"
+import * as Stream from "effect/Stream"
+import type { ModelSpec } from "../../protocol/GuestConfig.js"
+import type { AgentEvent } from "../../protocol/Messages.js"
+import type { AgentToolkit, ToolOutput } from "./tools.js"
+
+export const DEFAULT_MAX_STEPS = 50
+/** retries of one model request (429, 529, 5xx, a transport failure before any output) */
+export const MAX_RETRIES = 4
+const BASE_DELAY_MS = 1000
+const MAX_DELAY_MS = 60_000
+/** compaction starts when the estimate passes this share of the context window */
+const COMPACT_AT = 0.75
+/** tool results of the newest messages are never trimmed */
+const KEEP_RECENT_MESSAGES = 6
+const TRIMMED = "[output trimmed to save context]"
+
+export const SYSTEM_PROMPT = `You are a coding agent working inside an isolated VM on a copy of the user's repository at /work/repo.
+Use the tools to inspect and change the repository: read_file, list_files and search to look; edit_file (exact replacement) and write_file to change files; shell to run commands (tests, builds, git).
+Work step by step, check your changes (run the tests when there are any), and end with a short answer saying what you did.`
+
+export type AgentTools = Toolkit.Tools<typeof AgentToolkit>
+export type AgentToolkitWithHandlers = Toolkit.WithHandler<AgentTools>
+
+export type Emit = (event: AgentEvent) => Effect.Effect<void>
+
+export interface LoopOptions {
+  readonly spec: ModelSpec
+  readonly maxSteps: number
+  readonly emit: Emit
+  /** the broker's last refusal (host, port, reason), for a transport error's message */
+  readonly lastRefusal: () => string | undefined
+}
+
+export interface TurnSummary {
+  readonly reason: "done" | "max_steps" | "error"
+  readonly steps: number
+  readonly message?: string
+}
+
+export const encodePrompt = Schema.encodeSync(Prompt.Prompt)
+const decodePrompt = Schema.decodeUnknownEither(Prompt.Prompt)
+
+/** the conversation from context.json's `messages` (an undecodable history starts empty) */
+export const promptFromMessages = (messages: ReadonlyArray<unknown>): Either.Either<Prompt.Prompt, string> =>
+  Either.mapLeft(decodePrompt({ content: messages }), (error) => error.message)
+
+export const messagesOf = (prompt: Prompt.Prompt): ReadonlyArray<unknown> => encodePrompt(prompt).content
+
+/** a rough token estimate (4 characters a token) of a conversation */
+export const estimateTokens = (prompt: Prompt.Prompt): number =>
+  Math.ceil(JSON.stringify(encodePrompt(prompt)).length / 4)
+
+/**
+ * Keep a conversation under `limit` tokens (estimated): first the results of older tool calls are
+ * replaced by a note, then the oldest exchanges (whole user turns) are dropped. Returns what was
+ * done, for the user to see.
+ */
+export const compact = (
+  prompt: Prompt.Prompt,
+  limit: number
+): { readonly prompt: Prompt.Prompt; readonly note: string | undefined } => {
+  const before = estimateTokens(prompt)
+  if (before <= limit) return { prompt, note: undefined }
+  const messages = [...encodePrompt(prompt).content] as Array<Prompt.MessageEncoded>
+  let trimmed = 0
+  const trimBefore = Math.max(0, messages.length - KEEP_RECENT_MESSAGES)
+  for (let i = 0; i < trimBefore; i++) {
+    const message = messages[i]!
+    if (message.role !== "tool") continue
+    messages[i] = {
+      ...message,
+      content: message.content.map((part) => {
+        if (part.type !== "tool-result") return part
+        const result = part.result as Partial<ToolOutput> | undefined
+        if (result?.output === TRIMMED) return part
+        trimmed++
+        return {
+          ...part,
+          result: {
+            output: TRIMMED,
+            exitCode: result?.exitCode ?? null,
+            truncated: true,
+            isError: result?.isError ?? false,
+            durationMs: result?.durationMs ?? 0
+          }
+        }
+      })
+    }
+  }
+  let current = Schema.decodeUnknownSync(Prompt.Prompt)({ content: messages })
+  let dropped = 0
+  // still too big: drop whole exchanges from the start (each begins with a user message that is not a tool result)
+  while (estimateTokens(current) > limit) {
+    const content = encodePrompt(current).content
+    const next = content.findIndex((message, i) => i > 0 && message.role === "user")
+    if (next < 0) break
+    dropped += next
+    current = Schema.decodeUnknownSync(Prompt.Prompt)({ content: content.slice(next) })
+  }
+  const after = estimateTokens(current)
+  const parts = [
+    ...(trimmed > 0 ? [`trimmed ${trimmed} old tool output${trimmed === 1 ? "" : "s"}`] : []),
+    ...(dropped > 0 ? [`dropped the ${dropped} oldest message${dropped === 1 ? "" : "s"}`] : [])
+  ]
+  return {
+    prompt: current,
+    note: `context compacted (≈${before} → ≈${after} tokens of ${Math.round(limit / COMPACT_AT)}): ${parts.join(", ") || "nothing to trim"}`
+  }
+}
+
+/** the HTTP status of a provider error, when it has one */
+const statusOf = (error: AiError.AiError): number | undefined =>
+  error._tag === "HttpResponseError" ? error.response.status : undefined
+
+const retryAfterMs = (error: AiError.AiError): number | undefined => {
+  if (error._tag !== "HttpResponseError") return undefined
+  const raw = error.response.headers["retry-after"]
+  const seconds = raw === undefined ? NaN : Number(raw)
+  return Number.isFinite(seconds) && seconds >= 0 ? Math.min(seconds * 1000, MAX_DELAY_MS) : undefined
+}
+
+const isRetryable = (error: AiError.AiError): boolean => {
+  const status = statusOf(error)
+  if (status !== undefined) return status === 408 || status === 429 || status === 529 || status >= 500
+  return error._tag === "HttpRequestError" && error.reason === "Transport"
+}
+
+/** what the user reads for a model error */
+export const describeModelError = (
+  error: AiError.AiError,
+  spec: ModelSpec,
+  refusal: string | undefined
+): string => {
+  const status = statusOf(error)
+  const keyVar = spec.apiKeyEnv ?? "the provider's key variable"
+  if (status === 401 || status === 403) {
+    return `the ${spec.provider} API refused the request (${status}): check ${keyVar} on the host (the broker adds it; the guest only sees a placeholder)`
+  }
+  if (refusal !== undefined) {
+    const hint =
+      refusal.includes("host-not-allowed") && spec.apiKeyEnv !== undefined
+        ? ` (set ${spec.apiKeyEnv} on the host: the provider's broker rule is added when it is)`
+        : ""
+    return `the broker refused the connection to the model: ${refusal}${hint}`
+  }
+  const detail = error.message.split("\n")[0] ?? error.message
+  return status === undefined
+    ? `the model request failed: ${detail}`
+    : `the model API answered ${status}: ${detail}`
+}
+
+class StepFailed extends Schema.TaggedError<StepFailed>()("StepFailed", { message: Schema.String }) {}
+
+/**
+ * One model request, streamed, with its retries: text deltas, tool calls and tool results become
+ * events; a failure after output began is not retried (the stream was cut mid-answer).
+ */
+const step = (
+  prompt: Prompt.Prompt,
+  toolkit: AgentToolkitWithHandlers,
+  options: LoopOptions
+): Effect.Effect<ReadonlyArray<Response.AnyPart>, StepFailed, LanguageModel.LanguageModel> =>
+  Effect.gen(function* () {
+    for (let attempt = 0; ; attempt++) {
+      const parts: Array<Response.AnyPart> = []
+      const started = yield* Ref.make(false)
+      const outcome = yield* LanguageModel.streamText({
+        prompt: Prompt.merge(Prompt.make([{ role: "system", content: SYSTEM_PROMPT }]), prompt),
+        toolkit,
+        concurrency: 1
+      }).pipe(
+        Stream.runForEach((part) =>
+          Effect.gen(function* () {
+            parts.push(part as Response.AnyPart)
+            switch (part.type) {
+              case "text-delta":
+                yield* Ref.set(started, true)
+                if (part.delta !== "") yield* options.emit({ kind: "text", delta: part.delta })
+                return
+              case "tool-call":
+                yield* Ref.set(started, true)
+                yield* options.emit({ kind: "tool_call", id: part.id, name: part.name, input: part.params })
+                return
+              case "tool-result": {
+                const result: ToolOutput = part.result
+                yield* options.emit({
+                  kind: "tool_result",
+                  id: part.id,
+                  name: part.name,
+                  exitCode: result.exitCode,
+                  output: result.output,
+                  truncated: result.truncated,
+                  isError: result.isError || part.isFailure,
+                  durationMs: result.durationMs
+                })
+                return
+              }
+              default:
+                return
+            }
+          })
+        ),
+        Effect.either
+      )
+      if (Either.isRight(outcome)) return parts
+      const error = outcome.left as AiError.AiError
+      const midAnswer = yield* Ref.get(started)
+      const refusal = options.lastRefusal()
+      if (midAnswer) {
+        return yield* new StepFailed({
+          message: `the model's stream was cut mid-answer: ${describeModelError(error, options.spec, refusal)}`
+        })
+      }
+      if (refusal !== undefined || !isRetryable(error) || attempt >= MAX_RETRIES) {
+        return yield* new StepFailed({ message: describeModelError(error, options.spec, refusal) })
+      }
+      const delayMs = retryAfterMs(error) ?? Math.min(BASE_DELAY_MS * 2 ** attempt, MAX_DELAY_MS)
+      const status = statusOf(error)
+      yield* options.emit({
+        kind: "retry",
+        attempt: attempt + 1,
+        delayMs,
+        reason: status === undefined ? (error.message.split("\n")[0] ?? error._tag) : `HTTP ${status}`
+      })
+      yield* Effect.sleep(delayMs)
+    }
+  })
+
+export interface Conversation {
+  prompt: Prompt.Prompt
+}
+
+/**
+ * One prompt turn over `conversation` (updated in place after each completed step). Usage is
+ * emitted once at the end (tokens of every request; cost when the spec has prices).
+ */
+export const promptTurn = (
+  text: string,
+  conversation: Conversation,
+  toolkit: AgentToolkitWithHandlers,
+  options: LoopOptions
+): Effect.Effect<TurnSummary, never, LanguageModel.LanguageModel> =>
+  Effect.gen(function* () {
+    conversation.prompt = Prompt.merge(conversation.prompt, Prompt.make([{ role: "user", content: text }]))
+    const usage = { input: 0, output: 0 }
+    const limit = Math.floor((options.spec.contextWindow ?? 128_000) * COMPACT_AT)
+    const emitUsage = Effect.suspend(() => {
+      if (usage.input === 0 && usage.output === 0) return Effect.void
+      const { inputPrice, outputPrice } = options.spec
+      const cost =
+        inputPrice !== undefined && outputPrice !== undefined
+          ? (usage.input * inputPrice + usage.output * outputPrice) / 1_000_000
+          : undefined
+      return options.emit({
+        kind: "usage",
+        model: options.spec.id,
+        inputTokens: usage.input,
+        outputTokens: usage.output,
+        ...(cost === undefined ? {} : { costUsd: Math.round(cost * 1e6) / 1e6 })
+      })
+    })
+    let steps = 0
+    const summary: TurnSummary = yield* Effect.gen(function* () {
+      for (;;) {
+        if (steps >= options.maxSteps) {
+          return {
+            reason: "max_steps" as const,
+            steps,
+            message: `stopped after ${steps} model requests (max steps)`
+          }
+        }
+        const compacted = compact(conversation.prompt, limit)
+        if (compacted.note !== undefined) {
+          conversation.prompt = compacted.prompt
+          yield* options.emit({ kind: "status", message: compacted.note })
+        }
+        steps++
+        const parts = yield* step(conversation.prompt, toolkit, options)
+        conversation.prompt = Prompt.merge(conversation.prompt, Prompt.fromResponseParts(parts))
+        const finish = parts.find((part): part is Response.FinishPart => part.type === "finish")
+        usage.input += finish?.usage.inputTokens ?? 0
+        usage.output += finish?.usage.outputTokens ?? 0
+        const calledTools = parts.some((part) => part.type === "tool-call")
+        if (!calledTools) return { reason: "done" as const, steps }
+      }
+    }).pipe(
+      Effect.catchTag("StepFailed", (error) =>
+        Effect.succeed({ reason: "error" as const, steps, message: error.message })
+      ),
+      Effect.onInterrupt(() => emitUsage)
+    )
+    yield* emitUsage
+    return summary
+  })

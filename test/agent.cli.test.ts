@@ -1,0 +1,190 @@
+/**
+ * Prompt turns end to end over the fake backend (the real guest agent and model bundle as host
+ * processes, the real broker): `ANTHROPIC_API_KEY=… abox run ./repo -p …` with no policy but a
+ * `resolve` pin to the scripted mock. The key reaches the mock and nothing else; the guest's
+ * tools see only the placeholder; context.json keeps the conversation and `abox resume -p`
+ * carries it to the next request; `--model gpt` talks to the OpenAI API the same way.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { cliBundle, startCli, tempHome, withCliAndSource } from "./cliHelpers.js"
+import { startModelMock, type ModelMock } from "./support/modelMock.js"
+
+const sourceDir = withCliAndSource()
+let mock: ModelMock
+beforeAll(async () => {
+  mock = await startModelMock()
+})
+afterAll(() => mock.close())
+
+const CANARY = `sk-canary-${process.pid}-${Date.now()}`
+
+const setUpHome = () => {
+  const home = tempHome()
+  const caFile = path.join(home, "mock-ca.pem")
+  fs.writeFileSync(caFile, mock.caPem)
+  fs.writeFileSync(
+    path.join(home, "broker.json"),
+    JSON.stringify({
+      format: 1,
+      allow: [],
+      resolve: { "api.anthropic.com": `127.0.0.1:${mock.port}`, "api.openai.com": `127.0.0.1:${mock.port}` },
+      upstreamCaFiles: [caFile]
+    })
+  )
+  return home
+}
+
+/** the CLI as a child process, awaited without blocking this process (the mock answers from here) */
+const abox = async (home: string, args: ReadonlyArray<string>, env: Record<string, string>) => {
+  const cli = startCli(cliBundle, args, {
+    PATH: process.env.PATH ?? "",
+    HOME: path.join(home, "user"),
+    ABOX_HOME: home,
+    ABOX_VMM: "fake",
+    ...env
+  })
+  const exit = await cli.exited
+  return { code: exit.code, stdout: exit.stdout, stderr: exit.stderr }
+}
+
+const jsonEvents = (stdout: string) =>
+  stdout
+    .split("\n")
+    .filter((line) => line.startsWith("{"))
+    .map(
+      (line) =>
+        JSON.parse(line) as { event?: { _tag: string; event?: { kind: string } & Record<string, unknown> } }
+    )
+    .flatMap((line) =>
+      line.event?._tag === "Event" && line.event.event !== undefined ? [line.event.event] : []
+    )
+
+/** every file under `dir`, read as text, that contains `needle` */
+const filesContaining = (dir: string, needle: string): Array<string> =>
+  fs.readdirSync(dir, { recursive: true, withFileTypes: true }).flatMap((entry) => {
+    if (!entry.isFile()) return []
+    const file = path.join(entry.parentPath, entry.name)
+    return fs.readFileSync(file).includes(needle) ? [file] : []
+  })
+
+describe("prompt turns (fake backend, real broker)", () => {
+  it("ANTHROPIC_API_KEY=… abox run -p: tools run, the key reaches only the mock, resume carries the conversation", async () => {
+    const home = setUpHome()
+    const repo = sourceDir()
+    fs.writeFileSync(path.join(repo, "sum.js"), "module.exports = (a, b) => a - b\n")
+    // relative paths only: the fake guest's repository lies under the 0700 session directory
+    fs.writeFileSync(
+      path.join(repo, "test.sh"),
+      'grep -q "a + b" sum.js && echo PASS || { echo FAIL; exit 1; }\n'
+    )
+    mock.push(
+      { kind: "tools", calls: [{ name: "read_file", input: { path: "sum.js" } }] },
+      {
+        kind: "tools",
+        calls: [{ name: "edit_file", input: { path: "sum.js", old_string: "a - b", new_string: "a + b" } }]
+      },
+      {
+        kind: "tools",
+        calls: [{ name: "shell", input: { command: 'sh test.sh; echo "key=$ANTHROPIC_API_KEY"' } }]
+      },
+      { kind: "text", chunks: ["Fixed: ", "sum adds now."], usage: { input: 120, output: 30 } }
+    )
+    const before = mock.requests.length
+    const run = await abox(home, ["run", repo, "--keep", "--json", "-p", "fix the failing test"], {
+      ANTHROPIC_API_KEY: CANARY
+    })
+    expect(run.stderr).toBe("")
+    expect(run.code).toBe(0)
+    const events = jsonEvents(run.stdout)
+    expect(events.filter((e) => e.kind === "tool_result").map((e) => [e.name, e.isError])).toEqual([
+      ["read_file", false],
+      ["edit_file", false],
+      ["shell", false]
+    ])
+    const shell = events.find((e) => e.kind === "tool_result" && e.name === "shell")!
+    expect(shell.output).toContain("PASS")
+    expect(shell.output).toContain("key=abox-placeholder")
+    expect(events.find((e) => e.kind === "usage")).toMatchObject({
+      inputTokens: 150,
+      outputTokens: 45,
+      costUsd: 0.001125
+    }) // four requests: 3 × (10, 5) + (120, 30)
+    expect(events.at(-1)).toMatchObject({ kind: "agent_end", reason: "done", steps: 4 })
+
+    const requests = mock.requests.slice(before)
+    expect(requests).toHaveLength(4)
+    expect(requests.map((r) => r.path)).toEqual(Array(4).fill("/v1/messages"))
+    expect(requests.map((r) => r.headers["x-api-key"])).toEqual(Array(4).fill(CANARY))
+    expect((requests[0]!.body as { model: string }).model).toBe("claude-sonnet-4-5")
+
+    const id = fs.readdirSync(path.join(home, "sessions")).find((d) => !d.startsWith("."))!
+    const sessionDir = path.join(home, "sessions", id)
+    // the edit happened in the guest's copy, not the source
+    expect(fs.readFileSync(path.join(sessionDir, "fake-guest", "repo", "sum.js"), "utf8")).toContain("a + b")
+    expect(fs.readFileSync(path.join(repo, "sum.js"), "utf8")).toContain("a - b")
+    const context = JSON.parse(
+      fs.readFileSync(path.join(sessionDir, "fake-guest", "state", "context.json"), "utf8")
+    ) as {
+      format: number
+      messages: Array<{ role: string }>
+    }
+    expect(context.format).toBe(2)
+    expect(context.messages.map((m) => m.role)).toEqual([
+      "user",
+      "assistant",
+      "tool",
+      "assistant",
+      "tool",
+      "assistant",
+      "tool",
+      "assistant"
+    ])
+    const config = JSON.parse(fs.readFileSync(path.join(sessionDir, "guest-config.json"), "utf8")) as {
+      model: string
+      modelSpec: Record<string, unknown>
+    }
+    expect(config.modelSpec).toMatchObject({
+      provider: "anthropic",
+      id: "claude-sonnet-4-5",
+      apiKeyEnv: "ANTHROPIC_API_KEY"
+    })
+    // the key is nowhere in the session directory (guest disk, config, logs)
+    expect(filesContaining(sessionDir, CANARY)).toEqual([])
+
+    mock.push({ kind: "text", chunks: ["Yes."] })
+    const resumed = await abox(home, ["resume", id, "--json", "-p", "are you sure?"], {
+      ANTHROPIC_API_KEY: CANARY
+    })
+    expect(resumed.code).toBe(0)
+    const carried = JSON.stringify(mock.requests.at(-1)!.body)
+    expect(carried).toContain("fix the failing test")
+    expect(carried).toContain("PASS")
+    expect(carried).toContain("are you sure?")
+    expect(filesContaining(sessionDir, CANARY)).toEqual([])
+  })
+
+  it("--model gpt speaks the OpenAI Responses API with OPENAI_API_KEY; a shell turn needs no key", async () => {
+    const home = setUpHome()
+    mock.push({ kind: "text", chunks: ["hello from gpt"] })
+    const before = mock.requests.length
+    const run = await abox(home, ["run", sourceDir(), "--model", "gpt", "-p", "say hello"], {
+      OPENAI_API_KEY: CANARY
+    })
+    expect(run.code).toBe(0)
+    expect(run.stdout).toContain("hello from gpt")
+    const request = mock.requests[before]!
+    expect(request.path).toBe("/v1/responses")
+    expect(request.headers["authorization"]).toBe(`Bearer ${CANARY}`)
+
+    const shell = await abox(home, ["run", sourceDir(), "--", "echo", "no key needed"], {})
+    expect(shell.code).toBe(0)
+    expect(shell.stdout).toBe("no key needed\n")
+
+    // a prompt and a command at once is a usage error, before anything is made
+    const both = await abox(home, ["run", sourceDir(), "-p", "hi", "--", "ls"], {})
+    expect(both.code).toBe(64)
+    expect(both.stderr).toContain("either --prompt or a shell command")
+  })
+})

@@ -1,0 +1,74 @@
+import { describe, expect, it } from "@effect/vitest"
+import * as Either from "effect/Either"
+import { BUILTIN_CATALOG, brokerRulesFor, mergeCatalog, resolveModel } from "../src/lib/models.js"
+
+describe("the model catalog", () => {
+  it("built-in aliases resolve to provider, model id, endpoint and key variable; default is sonnet", () => {
+    expect(resolveModel(BUILTIN_CATALOG, "sonnet")).toMatchObject({
+      provider: "anthropic",
+      id: "claude-sonnet-4-5",
+      endpoint: "https://api.anthropic.com",
+      apiKeyEnv: "ANTHROPIC_API_KEY"
+    })
+    expect(resolveModel(BUILTIN_CATALOG, "default")).toEqual(resolveModel(BUILTIN_CATALOG, "sonnet"))
+    for (const alias of ["opus", "haiku"])
+      expect(resolveModel(BUILTIN_CATALOG, alias)?.provider).toBe("anthropic")
+    expect(resolveModel(BUILTIN_CATALOG, "gpt")).toMatchObject({
+      provider: "openai",
+      endpoint: "https://api.openai.com/v1",
+      apiKeyEnv: "OPENAI_API_KEY"
+    })
+    expect(resolveModel(BUILTIN_CATALOG, "claude-3-7-sonnet-latest")?.id).toBe("claude-3-7-sonnet-latest")
+    expect(resolveModel(BUILTIN_CATALOG, "gpt-4.1")?.provider).toBe("openai")
+    expect(resolveModel(BUILTIN_CATALOG, "no-such-model")).toBeUndefined()
+  })
+
+  it("models.json adds and overrides aliases; aliases of aliases; a local server without a key", () => {
+    const catalog = Either.getOrThrow(
+      mergeCatalog(
+        JSON.stringify({
+          format: 1,
+          default: "local",
+          models: {
+            sonnet: { provider: "anthropic", id: "claude-sonnet-next" },
+            fast: "haiku",
+            local: { provider: "openai", id: "qwen", endpoint: "http://llm.local:8080/v1", apiKeyEnv: null }
+          }
+        })
+      )
+    )
+    expect(resolveModel(catalog, "sonnet")?.id).toBe("claude-sonnet-next")
+    expect(resolveModel(catalog, "fast")?.id).toBe("claude-haiku-4-5")
+    const local = resolveModel(catalog, "default")!
+    expect(local).toEqual({ provider: "openai", id: "qwen", endpoint: "http://llm.local:8080/v1" })
+    // no key, no rule: a local server is reached only by an explicit policy entry
+    expect(brokerRulesFor(local)).toEqual({ allow: [], credentials: [] })
+  })
+
+  it("a models.json that does not decode says why", () => {
+    const bad = mergeCatalog(JSON.stringify({ format: 1, models: { x: { provider: "mistral", id: "m" } } }))
+    expect(Either.isLeft(bad)).toBe(true)
+    expect(Either.isLeft(mergeCatalog("{not json"))).toBe(true)
+    expect(Either.isLeft(mergeCatalog(JSON.stringify({ format: 2 })))).toBe(true)
+  })
+
+  it("the broker rule: the provider's preset on its public API, the same header on another endpoint", () => {
+    expect(brokerRulesFor(resolveModel(BUILTIN_CATALOG, "sonnet")!)).toEqual({
+      allow: [{ host: "api.anthropic.com", ports: [443] }],
+      credentials: [{ host: "api.anthropic.com", header: "x-api-key", fromEnv: "ANTHROPIC_API_KEY" }]
+    })
+    expect(
+      brokerRulesFor({
+        provider: "openai",
+        id: "m",
+        endpoint: "https://gw.example.com:8443/v1",
+        apiKeyEnv: "GW_KEY"
+      })
+    ).toEqual({
+      allow: [{ host: "gw.example.com", ports: [8443] }],
+      credentials: [
+        { host: "gw.example.com", header: "Authorization", format: "Bearer {}", fromEnv: "GW_KEY" }
+      ]
+    })
+  })
+})
