@@ -168,7 +168,8 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
             { host: host("pypi"), header: "authorization", fromEnv: "ABOX_TEST_PYPI_TOKEN", format: "Bearer {}" },
             { host: host("git"), header: "authorization", fromEnv: "ABOX_TEST_GIT_BASIC", format: "Basic {}" },
             { host: host("openai"), header: "authorization", fromEnv: "ABOX_TEST_OPENAI_KEY", format: "Bearer {}" },
-            { host: host("anthropic"), header: "x-api-key", fromEnv: "ABOX_TEST_ANTHROPIC_KEY" }
+            // @anthropic-ai/sdk 1.x sends its key as `Authorization: Bearer` (0.x sent x-api-key)
+            { host: host("anthropic"), header: "authorization", fromEnv: "ABOX_TEST_ANTHROPIC_KEY", format: "Bearer {}" }
           ],
           resolve: Object.fromEntries(NAMES.map((name) => [host(name), "127.0.0.1"]))
         }
@@ -341,7 +342,10 @@ const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY, base
         expect(new Set(headersOf("pypi", "authorization"))).toEqual(new Set([`Bearer ${secrets.ABOX_TEST_PYPI_TOKEN}`]))
         expect(new Set(headersOf("git", "authorization"))).toEqual(new Set([`Basic ${secrets.ABOX_TEST_GIT_BASIC}`]))
         expect(headersOf("openai", "authorization")).toEqual([`Bearer ${secrets.ABOX_TEST_OPENAI_KEY}`])
-        expect(headersOf("anthropic", "x-api-key")).toEqual([secrets.ABOX_TEST_ANTHROPIC_KEY])
+        expect(headersOf("anthropic", "authorization")).toEqual([`Bearer ${secrets.ABOX_TEST_ANTHROPIC_KEY}`])
+        // and no placeholder went upstream: each client sent its credential in the header the rule sets
+        for (const request of upstream.seen)
+          expect(JSON.stringify(request.headers), `${request.name} ${request.url}`).not.toContain("abox-placeholder")
       }).pipe(Effect.scoped),
     1_800_000
   )
