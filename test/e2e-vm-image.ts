@@ -216,7 +216,15 @@ export const ensureWorkstationImage = async (): Promise<GoldenImage> => {
       })
       return goldenOf(built)
     })
-    return await Effect.runPromise(program.pipe(Effect.provide(layer)))
+    const image = await Effect.runPromise(program.pipe(Effect.provide(layer)))
+    // earlier workstation images of this checkout (other inputs) are 800 MB each: only the current one stays
+    const kept = path.dirname(image.kernel)
+    const parent = path.join(imagesDir, WORKSTATION)
+    for (const digest of fs.existsSync(parent) ? fs.readdirSync(parent) : []) {
+      const dir = path.join(parent, digest)
+      if (dir !== kept) fs.rmSync(dir, { recursive: true, force: true })
+    }
+    return image
   } finally {
     unlock(fd)
     fs.closeSync(fd)
