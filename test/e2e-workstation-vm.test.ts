@@ -233,15 +233,22 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
               image: `${image.identity.name}@${image.identity.digest}`,
               memoryMiB: 2048
             })
+            const took: Array<string> = []
             const run = (text: string) =>
-              Stream.runCollect(session.turn(text)).pipe(Effect.map((c) => outcomeOf(Chunk.toReadonlyArray(c))))
+              Effect.gen(function* () {
+                const started = Date.now()
+                const outcome = outcomeOf(Chunk.toReadonlyArray(yield* Stream.runCollect(session.turn(text))))
+                took.push(`${((Date.now() - started) / 1000).toFixed(1)} s`)
+                return outcome
+              })
             const at = (name: string) => origin(name)
             const results: Record<string, Outcome> = {}
             results.npmCi = yield* run("npm ci --no-audit --no-fund && npm test")
+            // venv without pip: ensurepip alone takes minutes under TCG (pip itself is checked by pip download)
             results.tools = yield* run(
               "for t in bash git curl wget make gcc g++ python3 pip3 rg jq less ps unzip zip xz ssh node npm npx; do " +
                 'command -v "$t" >/dev/null || echo "missing $t"; done; node --version; ' +
-                "python3 -m venv /tmp/venv && /tmp/venv/bin/python -c 'print(\"venv ok\")'; " +
+                "python3 -m venv --without-pip /tmp/venv && /tmp/venv/bin/python -c 'print(\"venv ok\")'; " +
                 "printf 'int main(void){return 0;}' >/tmp/t.c && gcc -o /tmp/t /tmp/t.c && /tmp/t && echo 'gcc ok'"
             )
             results.env = yield* run("env")
@@ -294,6 +301,8 @@ const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY, base
                 `echo "plain curl: $(curl -sS http://files.${DOMAIN}/ 2>&1)"; ` +
                 `echo "plain wget: $(wget -O- http://files.${DOMAIN}/ 2>&1 | grep -i 403)"`
             )
+            // where a slow run spends its time (not asserted: the machine's load decides)
+            console.log(`workstation turns: ${Object.keys(results).map((name, i) => `${name} ${took[i]}`).join(", ")}`)
             return results
           })
         ).pipe(Effect.provide(layer))
