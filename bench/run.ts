@@ -6,6 +6,7 @@
  */
 import * as fs from "node:fs"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
+import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
@@ -19,6 +20,7 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["brokerDownload", brokerDownload],
   ["brokerDownloadPassthrough", brokerDownloadPassthrough],
   ["brokerRequests", brokerRequests],
+  ["brokerLogBurst", brokerLogBurst],
   ["turnRoundTrip", turnRoundTrip],
   ["muxRoundTrip", muxRoundTrip],
   ["transfer50MB", transfer50MB],

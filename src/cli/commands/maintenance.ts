@@ -6,11 +6,11 @@ import * as Stream from "effect/Stream"
 // Raw node:fs: following a growing file needs fs.watch (an event) and positional reads.
 import * as fs from "node:fs"
 import * as path from "node:path"
-import { BROKER_LOG_FILE, formatBrokerLog, readBrokerLog } from "../../lib/broker/log.js"
+import { BROKER_LOG_FILE, streamBrokerLog } from "../../lib/broker/log.js"
 import { doctor } from "../../programs/doctor.js"
 import { gc } from "../../programs/gc.js"
 import { sessionFiles } from "../../programs/session.js"
-import { SessionStore } from "../../services/SessionStore.js"
+import { SessionStore, StoreIoError } from "../../services/SessionStore.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
@@ -72,12 +72,15 @@ export const logs = Command.make(
         const id = yield* store.resolve(args.ref)
         const dir = store.dir(id)
         if (args.broker) {
-          const read = yield* readBrokerLog(path.join(dir, BROKER_LOG_FILE)).pipe(Effect.orDie)
-          yield* Console.log(
-            read.entries.length === 0 && read.badLines.length === 0
-              ? "(no broker decisions yet)"
-              : formatBrokerLog(read)
+          // streamed (the log may be large) and escaped (host names are the guest's choice)
+          const logFile = path.join(dir, BROKER_LOG_FILE)
+          const printed = yield* streamBrokerLog(logFile).pipe(
+            Stream.runFoldEffect(0, (n, line) => Effect.as(Console.log(line), n + 1)),
+            Effect.mapError(
+              (error) => new StoreIoError({ path: logFile, operation: "read", message: error.message })
+            )
           )
+          if (printed === 0) yield* Console.log("(no broker decisions yet)")
           return
         }
         const file = sessionFiles(dir).consoleLog
