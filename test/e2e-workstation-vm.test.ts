@@ -28,7 +28,7 @@ import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
 import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
-import type { BrokerPolicy } from "../src/lib/broker/policy.js"
+import { type BrokerPolicy, presetRules, withRules } from "../src/lib/broker/policy.js"
 import { ImagesLive } from "../src/lib/images.js"
 import { open } from "../src/programs/session.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
@@ -48,7 +48,9 @@ const skip = workstationSkipReason() ?? (hasGit ? undefined : "git is missing on
 if (skip !== undefined) console.warn(`e2e workstation VM test skipped: ${skip}`)
 
 const DOMAIN = "test.local"
-const NAMES = ["files", "registry", "pypi", "git", "openai", "anthropic"] as const
+const NAMES = ["files", "registry", "pypi", "git"] as const
+/** the APIs keep their real names (the SDKs' default base URLs); the policy's presets and `resolve` bring them here */
+const API_NAMES = { "api.openai.com": "openai", "api.anthropic.com": "anthropic" }
 const host = (name: string) => `${name}.${DOMAIN}`
 
 /** a package directory in node_modules, looked up as node does from `from` */
@@ -136,7 +138,8 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
               domain: DOMAIN,
               npmPackages: [demo, ...sdks],
               wheel: { project: "abox-demo", ...makeWheel("abox-demo", "0.1.0") },
-              gitRoot
+              gitRoot,
+              aliases: API_NAMES
             })
           ),
           (u) => Effect.promise(() => u.close())
@@ -158,7 +161,7 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
             for (const name of Object.keys(secrets)) delete process.env[name]
           })
         )
-        const policy: BrokerPolicy = {
+        const explicit: BrokerPolicy = {
           format: 1,
           allow: NAMES.map((name) => ({ host: host(name), ports: [port] })),
           // every test host is TLS-terminated (the guest trusts the session CA, the broker the test CA)
@@ -166,13 +169,18 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
             { host: host("files"), header: "x-abox-test-token", fromEnv: "ABOX_TEST_FILES_TOKEN" },
             { host: host("registry"), header: "authorization", fromEnv: "ABOX_TEST_NPM_TOKEN", format: "Bearer {}" },
             { host: host("pypi"), header: "authorization", fromEnv: "ABOX_TEST_PYPI_TOKEN", format: "Bearer {}" },
-            { host: host("git"), header: "authorization", fromEnv: "ABOX_TEST_GIT_BASIC", format: "Basic {}" },
-            { host: host("openai"), header: "authorization", fromEnv: "ABOX_TEST_OPENAI_KEY", format: "Bearer {}" },
-            // @anthropic-ai/sdk 1.x sends its key as `Authorization: Bearer` (0.x sent x-api-key)
-            { host: host("anthropic"), header: "authorization", fromEnv: "ABOX_TEST_ANTHROPIC_KEY", format: "Bearer {}" }
+            { host: host("git"), header: "authorization", fromEnv: "ABOX_TEST_GIT_BASIC", format: "Basic {}" }
           ],
-          resolve: Object.fromEntries(NAMES.map((name) => [host(name), "127.0.0.1"]))
+          resolve: {
+            ...Object.fromEntries(NAMES.map((name) => [host(name), "127.0.0.1"])),
+            // the guest asks for api.*.com:443, the broker dials the stand-in
+            ...Object.fromEntries(Object.keys(API_NAMES).map((name) => [name, `127.0.0.1:${port}`]))
+          }
         }
+        const policy = withRules(
+          withRules(explicit, presetRules("openai", { fromEnv: "ABOX_TEST_OPENAI_KEY" })),
+          presetRules("anthropic", { fromEnv: "ABOX_TEST_ANTHROPIC_KEY" })
+        )
 
         // the repository: a lockfile whose one package comes from the registry stand-in
         const source = path.join(work, "repo")
@@ -269,7 +277,7 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
             results.openai = yield* run(
               `cd /tmp/sdk && node -e '
 const { OpenAI } = require("openai")
-const client = new OpenAI({ apiKey: process.env.ABOX_TEST_OPENAI_KEY, baseURL: "${at("openai")}/v1" })
+const client = new OpenAI({ apiKey: process.env.ABOX_TEST_OPENAI_KEY })
 ;(async () => {
   const stream = await client.chat.completions.create({ model: "gpt-test", messages: [{ role: "user", content: "hi" }], stream: true })
   let chunks = 0
@@ -281,7 +289,7 @@ const client = new OpenAI({ apiKey: process.env.ABOX_TEST_OPENAI_KEY, baseURL: "
               `cd /tmp/sdk && node -e '
 const sdk = require("@anthropic-ai/sdk")
 const Anthropic = sdk.Anthropic ?? sdk.default
-const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY, baseURL: "${at("anthropic")}" })
+const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY })
 ;(async () => {
   const stream = await client.messages.create({ model: "claude-test", max_tokens: 16, messages: [{ role: "user", content: "hi" }], stream: true })
   let events = 0
@@ -351,8 +359,10 @@ const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY, base
         expect(new Set(headersOf("pypi", "authorization"))).toEqual(new Set([`Bearer ${secrets.ABOX_TEST_PYPI_TOKEN}`]))
         expect(new Set(headersOf("git", "authorization"))).toEqual(new Set([`Basic ${secrets.ABOX_TEST_GIT_BASIC}`]))
         expect(headersOf("openai", "authorization")).toEqual([`Bearer ${secrets.ABOX_TEST_OPENAI_KEY}`])
-        expect(headersOf("anthropic", "authorization")).toEqual([`Bearer ${secrets.ABOX_TEST_ANTHROPIC_KEY}`])
-        // and no placeholder went upstream: each client sent its credential in the header the rule sets
+        // the preset's header; the SDK's own `Authorization: Bearer abox-placeholder` was dropped on the host
+        expect(headersOf("anthropic", "x-api-key")).toEqual([secrets.ABOX_TEST_ANTHROPIC_KEY])
+        expect(headersOf("anthropic", "authorization")).toEqual([undefined])
+        // and no placeholder went upstream
         for (const request of upstream.seen)
           expect(JSON.stringify(request.headers), `${request.name} ${request.url}`).not.toContain("abox-placeholder")
       }).pipe(Effect.scoped),

@@ -6,8 +6,8 @@
  * - `registry.<domain>`: an npm registry (packuments and tarballs, real `.tgz` files);
  * - `pypi.<domain>`: a PEP 503 simple index serving one real wheel;
  * - `git.<domain>`: smart HTTP through `git http-backend` (CGI) over a bare repository;
- * - `openai.<domain>`: `POST /v1/chat/completions` streamed as the OpenAI API does (SSE);
- * - `anthropic.<domain>`: `POST /v1/messages` streamed as the Anthropic API does (SSE).
+ * - `openai.<domain>` (or an alias): `POST /v1/chat/completions` streamed as the OpenAI API does (SSE);
+ * - `anthropic.<domain>` (or an alias): `POST /v1/messages` streamed as the Anthropic API does (SSE).
  *
  * Every request is recorded (name, method, url, headers) for assertions.
  */
@@ -172,6 +172,8 @@ export interface WorkstationUpstreamOptions {
   readonly wheel: { readonly project: string; readonly file: string; readonly bytes: Buffer }
   /** the directory holding bare repositories served by git http-backend */
   readonly gitRoot: string
+  /** other names the server answers for, mapped to a route (e.g. `api.openai.com` → `openai`) */
+  readonly aliases?: Readonly<Record<string, string>>
 }
 
 export const startWorkstationUpstream = async (options: WorkstationUpstreamOptions) => {
@@ -228,7 +230,8 @@ export const startWorkstationUpstream = async (options: WorkstationUpstreamOptio
     },
     (req, res) => {
       const host = String(req.headers.host ?? "").replace(/:\d+$/, "")
-      const name = host.endsWith(`.${options.domain}`) ? host.slice(0, -options.domain.length - 1) : host
+      const name =
+        options.aliases?.[host] ?? (host.endsWith(`.${options.domain}`) ? host.slice(0, -options.domain.length - 1) : host)
       seen.push({ name, method: req.method ?? "", url: req.url ?? "", headers: { ...req.headers } })
       const url = new URL(req.url ?? "/", "https://upstream")
       const send = (status: number, type: string, body: string | Buffer) => {
