@@ -5,6 +5,7 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
+import { detachedExec } from "./detached.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
@@ -30,7 +31,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["lifecycleRun", lifecycleRun],
   ["lifecycleTurn", lifecycleTurn],
   ["transferTree50MB", transferTree50MB],
-  ["lifecycleRss", lifecycleRss]
+  ["lifecycleRss", lifecycleRss],
+  ["detachedExec", detachedExec]
 ]
 
 const only = process.argv.slice(2)

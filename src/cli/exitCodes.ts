@@ -21,6 +21,11 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // lock
   SessionBusy: 75,
   LockError: 76,
+  // detached sessions: nobody serves the session's control socket; the control connection failed
+  SessionNotRunning: 78,
+  ControlError: 79,
+  // forward: the guest could not connect to the port
+  ForwardRefused: 74,
   // resume: the session was made for another arch, backend, or predates that metadata
   SessionIncompatible: 77,
   // VMM

@@ -13,6 +13,7 @@ import { interactive } from "../interactive.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
+import { startSession } from "./detached.js"
 
 const name = Options.text("name").pipe(
   Options.optional,
@@ -46,7 +47,7 @@ const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
 )
 const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))
 
-const bootOptions = (args: {
+export const bootOptions = (args: {
   readonly model: Option.Option<string>
   readonly cpus: Option.Option<number>
   readonly memory: Option.Option<number>
@@ -144,9 +145,23 @@ export const run = Command.make(
 
 export const openCommand = Command.make(
   "open",
-  { source, name, model, image, cpus, memory, agent, policy },
+  {
+    source,
+    name,
+    model,
+    image,
+    cpus,
+    memory,
+    agent,
+    policy,
+    detach: Options.boolean("detach").pipe(
+      Options.withDescription("start the session in the background instead (as abox start; docs/detached.md)")
+    )
+  },
   (args) =>
-    edge({ json: false })(
+    args.detach
+      ? edge({ json: false })(startSession(args.source, { ...args, idleTimeout: Option.none(), json: false }))
+      : edge({ json: false })(
       Effect.scoped(
         Effect.gen(function* () {
           const session = yield* open({
