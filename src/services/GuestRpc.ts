@@ -63,7 +63,15 @@ export interface TurnResult {
 
 /** One event of a turn as the SDK and CLI see it: the guest's events, then the end. */
 export type TurnEvent =
-  | { readonly _tag: "Event"; readonly event: AgentEvent }
+  | {
+      readonly _tag: "Event"
+      readonly event: AgentEvent
+      /**
+       * stdout and stderr events: exactly the bytes the turn wrote (`event.data` is their text,
+       * lossy when they are not UTF-8). Absent on other kinds.
+       */
+      readonly bytes?: Uint8Array
+    }
   | ({ readonly _tag: "End" } & TurnResult)
 
 /** A tunnel the guest asked for (broker): the host accepts or denies, then bytes flow. */
@@ -99,6 +107,8 @@ export interface GuestConnection {
 export interface GuestRpcOptions {
   readonly helloTimeout: Duration.DurationInput
   readonly shutdownTimeout: Duration.DurationInput
+  /** after the tar's EOF, the bound on the wait for `transfer_end` (default 5 minutes) */
+  readonly transferEndTimeout?: Duration.DurationInput
 }
 
 /**

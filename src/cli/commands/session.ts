@@ -10,7 +10,7 @@ import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { CliExit, edge } from "../render.js"
 import { interactive } from "../interactive.js"
-import { printEvent, turnExitCode } from "../turnOutput.js"
+import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { startSession } from "./detached.js"
@@ -92,7 +92,7 @@ export const printTurn = (session: Session, text: string, asJson: boolean) =>
     .turn(text)
     .pipe(
       Stream.runFoldEffect(undefined as TurnEvent | undefined, (_, event) =>
-        Effect.as(asJson ? writeJsonLine({ event }) : printEvent(event), event)
+        Effect.as(asJson ? writeJsonLine({ event: jsonEvent(event) }) : printEvent(event), event)
       )
     )
 
