@@ -29,7 +29,7 @@ const build = Command.make(
     ),
     variant: Options.choice("variant", ["small", "full"]).pipe(
       Options.withDefault("small" as const),
-      Options.withDescription("small: busybox + node (default); full: Debian minbase + git, curl + node")
+      Options.withDescription("small: busybox + node (default); full: the workstation (Debian: bash, git, curl, wget, make, gcc, python3, Node 24 with npm, …), what scripts/setup.sh builds")
     ),
     name: Options.text("name").pipe(
       Options.optional,
