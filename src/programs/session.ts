@@ -360,6 +360,15 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       const meta = yield* store.update(id, (current) => ({
         ...current,
         model: options.model ?? current.model,
+        // resources given to this resume are the session's from now on (as the model is)
+        ...(options.cpus !== undefined || options.memoryMiB !== undefined
+          ? {
+              resources: {
+                cpus: options.cpus ?? current.resources?.cpus ?? DEFAULT_CPUS,
+                memoryMiB: options.memoryMiB ?? current.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB
+              }
+            }
+          : {}),
         policy,
         guest: compat.guest,
         vmm: compat.vmm,

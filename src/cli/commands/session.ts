@@ -5,7 +5,7 @@ import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
-import { open, resume, type BootOptions, type Phase, type Session } from "../../programs/session.js"
+import { open, resume, type BootOptions, type OpenOptions, type Phase, type Session } from "../../programs/session.js"
 import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { CliExit, edge } from "../render.js"
@@ -46,13 +46,16 @@ const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
 )
 const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))
 
-const bootOptions = (args: {
+interface BootArgs {
   readonly model: Option.Option<string>
   readonly cpus: Option.Option<number>
   readonly memory: Option.Option<number>
   readonly agent: ReadonlyArray<string>
   readonly policy: Option.Option<string>
-}) =>
+}
+
+/** the flags open, run and resume share, applied in this one place */
+const bootOptions = (args: BootArgs, onPhase: BootOptions["onPhase"]) =>
   Effect.gen(function* () {
     const broker = yield* HttpsBroker
     const policy = Option.isSome(args.policy) ? yield* broker.loadPolicy(args.policy.value) : undefined
@@ -61,8 +64,28 @@ const bootOptions = (args: {
       cpus: Option.getOrUndefined(args.cpus),
       memoryMiB: Option.getOrUndefined(args.memory),
       agent: args.agent.length > 0 ? args.agent : undefined,
-      policy
+      policy,
+      onPhase
     } satisfies BootOptions
+  })
+
+/** Open from the flags `run` and `open` share */
+const openFromArgs = (
+  args: BootArgs & {
+    readonly source: string
+    readonly name: Option.Option<string>
+    readonly image: Option.Option<string>
+  },
+  onPhase: BootOptions["onPhase"]
+) =>
+  Effect.gen(function* () {
+    const options: OpenOptions = {
+      ...(yield* bootOptions(args, onPhase)),
+      source: args.source,
+      name: Option.getOrUndefined(args.name),
+      image: Option.getOrUndefined(args.image)
+    }
+    return yield* open(options)
   })
 
 /** The step display: each phase of Open/Resume with the time it took, on stderr. */
@@ -128,13 +151,10 @@ export const run = Command.make(
     edge({ json: args.json })(
       Effect.scoped(
         Effect.gen(function* () {
-          const session = yield* open({
-            ...(yield* bootOptions(args)),
-            source: args.source,
-            name: Option.getOrUndefined(args.name),
-            image: Option.getOrUndefined(args.image),
-            onPhase: stepDisplay(!args.json && process.stderr.isTTY === true)
-          })
+          const session = yield* openFromArgs(
+            args,
+            stepDisplay(!args.json && process.stderr.isTTY === true)
+          )
           yield* oneTurn(session, args.turn, args.json)
           if (args.keep && !args.json) yield* Console.error(`abox: resume with: abox resume ${session.id}`)
         })
@@ -149,13 +169,7 @@ export const openCommand = Command.make(
     edge({ json: false })(
       Effect.scoped(
         Effect.gen(function* () {
-          const session = yield* open({
-            ...bootOptions(args),
-            source: args.source,
-            name: Option.getOrUndefined(args.name),
-            image: Option.getOrUndefined(args.image),
-            onPhase: stepDisplay(true)
-          })
+          const session = yield* openFromArgs(args, stepDisplay(true))
           for (const skipped of session.skipped)
             yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
           yield* interactive(session)
@@ -176,10 +190,13 @@ export const resumeCommand = Command.make(
       Effect.scoped(
         Effect.gen(function* () {
           const interactiveMode = args.turn.length === 0
-          const session = yield* resume(args.ref, {
-            ...(yield* bootOptions(args)),
-            onPhase: stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
-          })
+          const session = yield* resume(
+            args.ref,
+            yield* bootOptions(
+              args,
+              stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+            )
+          )
           if (interactiveMode) yield* interactive(session)
           else yield* oneTurn(session, args.turn, args.json)
         })
