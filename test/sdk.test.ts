@@ -56,6 +56,19 @@ describe("SDK (Promise facade) over the fake backend", () => {
     }
   })
 
+  it("remove refuses an open session (SessionBusy, nothing deleted), then removes it once closed", async () => {
+    const session = await sdk.open({ source })
+    try {
+      await expect(sdk.remove(session.id)).rejects.toMatchObject({ _tag: "SessionBusy" })
+      expect(fs.existsSync(path.join(home, "sessions", session.id, "session.json"))).toBe(true)
+      expect((await session.run("echo still here")).stdout).toBe("still here\n")
+    } finally {
+      await session.close()
+    }
+    await sdk.remove(session.id)
+    expect(fs.existsSync(path.join(home, "sessions", session.id))).toBe(false)
+  })
+
   it("rejects with the typed error itself", async () => {
     await expect(sdk.resume("no-such-session")).rejects.toMatchObject({ _tag: "SessionNotFound" })
     await expect(sdk.open({ source: path.join(source, "missing") })).rejects.toMatchObject({

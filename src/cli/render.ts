@@ -20,6 +20,11 @@ export class Cancelled extends Schema.TaggedError<Cancelled>()("Cancelled", {
   message: Schema.String
 }) {}
 
+/** a bad command line found by a command itself (after @effect/cli parsed it): exit 64 like its own */
+export class UsageError extends Schema.TaggedError<UsageError>()("ValidationError", {
+  message: Schema.String
+}) {}
+
 /** An error already rendered for the user; the runner's teardown turns it into the exit code. */
 export class CliExit extends Data.TaggedError("CliExit")<{ readonly code: number; readonly tag: string }> {}
 

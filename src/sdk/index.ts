@@ -18,6 +18,7 @@ import * as ManagedRuntime from "effect/ManagedRuntime"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { AboxLive } from "../layers/Main.js"
+import * as Remove from "../programs/remove.js"
 import * as Programs from "../programs/session.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
@@ -185,9 +186,12 @@ export const resume = (ref: string, options: Programs.BootOptions = {}): Promise
 export const list = (): Promise<ReadonlyArray<SessionListing>> =>
   run(Effect.flatMap(SessionStore, (store) => store.list()))
 
-/** remove a session's directory (explicit only: abox never deletes a session by itself) */
-export const remove = (ref: string): Promise<void> =>
-  run(Effect.flatMap(SessionStore, (store) => Effect.flatMap(store.resolve(ref), (id) => store.remove(id))))
+/**
+ * Remove a session (its directory and names) or a dangling name, as `abox rm --yes` does
+ * (explicit only: abox never deletes a session by itself). A running session is refused with
+ * `SessionBusy` and nothing is deleted.
+ */
+export const remove = (ref: string): Promise<void> => run(Effect.asVoid(Remove.remove([ref])))
 
 // ---- seed 001: sessions by name ----
 

@@ -4,11 +4,20 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
-import { open, resume, type BootOptions, type OpenOptions, type Phase, type Session } from "../../programs/session.js"
+import {
+  open,
+  resume,
+  type BootOptions,
+  type OpenOptions,
+  type Phase,
+  type Session
+} from "../../programs/session.js"
 import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
-import { CliExit, edge } from "../render.js"
+import { remove } from "../../programs/remove.js"
+import { CliExit, edge, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
@@ -140,8 +149,11 @@ export const run = Command.make(
     agent,
     policy,
     keep: Options.boolean("keep").pipe(
+      Options.withDescription("keep the session on disk afterwards (the default; the opposite of --rm)")
+    ),
+    rm: Options.boolean("rm").pipe(
       Options.withDescription(
-        "print how to resume the session afterwards (the session stays on disk either way)"
+        "remove the session after it closes (as abox rm would), whatever the turn's status"
       )
     ),
     json,
@@ -149,18 +161,48 @@ export const run = Command.make(
   },
   (args) =>
     edge({ json: args.json })(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const session = yield* openFromArgs(
-            args,
-            stepDisplay(!args.json && process.stderr.isTTY === true)
-          )
-          yield* oneTurn(session, args.turn, args.json)
-          if (args.keep && !args.json) yield* Console.error(`abox: resume with: abox resume ${session.id}`)
-        })
-      )
+      Effect.gen(function* () {
+        if (args.turn.length === 0) {
+          return yield* new UsageError({
+            message: "run needs a turn: abox run <dir> -- <command> (abox open <dir> gives a prompt)"
+          })
+        }
+        if (args.rm && args.keep)
+          return yield* new UsageError({ message: "--rm and --keep contradict each other" })
+        const opened = yield* Ref.make<Session | undefined>(undefined)
+        // after Close (the scope), so the session's lock is free again; also after a failed turn or a signal
+        const afterClose = Ref.get(opened).pipe(
+          Effect.flatMap((session) => {
+            if (session === undefined) return Effect.void
+            if (args.rm) {
+              return remove([session.id]).pipe(
+                Effect.catchAll((error) => Console.error(`abox: --rm: ${error.message}`))
+              )
+            }
+            return args.json
+              ? Effect.void
+              : Console.error(
+                  `abox: session ${session.id} stays on disk: abox resume ${session.id} · abox rm ${session.id} (run --rm removes it after the turn)`
+                )
+          })
+        )
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const session = yield* openFromArgs(
+              args,
+              stepDisplay(!args.json && process.stderr.isTTY === true)
+            )
+            yield* Ref.set(opened, session)
+            yield* oneTurn(session, args.turn, args.json)
+          })
+        ).pipe(Effect.ensuring(afterClose))
+      })
     )
-).pipe(Command.withDescription("open a session on <dir>, run one turn, close; exits with the turn's status"))
+).pipe(
+  Command.withDescription(
+    "open a session on <dir>, run one turn, close; exits with the turn's status (the session stays unless --rm)"
+  )
+)
 
 export const openCommand = Command.make(
   "open",
