@@ -2,6 +2,8 @@ import * as Args from "@effect/cli/Args"
 import * as Command from "@effect/cli/Command"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
+import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
+import { sessionStatus } from "../../programs/list.js"
 import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, printJson } from "../render.js"
@@ -31,9 +33,14 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       const dir = store.dir(id)
       const legacy = dir !== paths.sessionDir(id)
       const names = (yield* store.listNames()).filter((b) => b.sessionId === id).map((b) => b.name)
-      if (args.json) return yield* printJson({ session: { id, dir, legacy, names, meta } })
+      const status = yield* sessionStatus(id)
+      const bytes = yield* diskUsage(dir)
+      const running = status === "running"
+      if (args.json) return yield* printJson({ session: { id, dir, legacy, names, running, bytes, meta } })
       const lines: Array<[string, string | undefined]> = [
         ["id", id],
+        ["status", running ? "RUNNING" : "STOPPED"],
+        ["disk", formatBytes(bytes)],
         ["names", names.join(", ") || undefined],
         ["dir", dir + (legacy ? " (legacy home: read-only)" : "")],
         ["created", meta.created],
@@ -46,7 +53,11 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
           "resources",
           meta.resources ? `${meta.resources.cpus} cpus, ${meta.resources.memoryMiB} MiB` : undefined
         ],
-        ["last close", meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined],
+        // a running session's last close is history, not its state
+        [
+          running ? "prev close" : "last close",
+          meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined
+        ],
         ["broker", meta.policy ? describePolicy(meta.policy) : "(no policy recorded: deny all)"]
       ]
       yield* Console.log(
