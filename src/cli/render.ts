@@ -1,3 +1,5 @@
+import * as Args from "@effect/cli/Args"
+import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as ValidationError from "@effect/cli/ValidationError"
 import * as Cause from "effect/Cause"
 import * as Config from "effect/Config"
@@ -5,6 +7,7 @@ import * as Console from "effect/Console"
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import * as FiberRef from "effect/FiberRef"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { SecretScrubber } from "../services/SecretScrubber.js"
@@ -104,6 +107,71 @@ export const edge =
           : renderError(error, options.json).pipe(
               Effect.zipRight(Effect.fail(new CliExit({ code: exitCodeFor(error._tag), tag: error._tag })))
             )
+      ),
+      (effect) => withCommandConsole(effect)
+    )
+
+/** the process's console, kept aside while @effect/cli parses with a quiet one (see `parsedAtTheEdge`) */
+const commandConsole = FiberRef.unsafeMake<Option.Option<Console.Console>>(Option.none())
+
+const withCommandConsole = <A, E, R>(body: Effect.Effect<A, E, R>) =>
+  Effect.flatMap(FiberRef.get(commandConsole), (saved) =>
+    Option.match(saved, { onNone: () => body, onSome: (console) => Effect.withConsole(body, console) })
+  )
+
+/**
+ * A positional argument that is not an option: @effect/cli hands an unknown `--flag` to the
+ * next positional (`run --bogus dir` would look for a directory called `--bogus`).
+ */
+export const notAnOption = <A extends string>(args: Args.Args<A>): Args.Args<A> =>
+  Args.mapEffect(args, (value) =>
+    value.startsWith("-") && value !== "-"
+      ? Effect.fail(HelpDoc.p(`unknown option ${value}`))
+      : Effect.succeed(value)
+  )
+
+/** `--json` among the words before `--` (after it they are the turn's) */
+export const wantsJson = (argv: ReadonlyArray<string>): boolean => {
+  const end = argv.indexOf("--")
+  return (end === -1 ? argv : argv.slice(0, end)).includes("--json")
+}
+
+const ANSI = /\u001b\[[0-9;]*[A-Za-z]/g
+
+/** @effect/cli's error text as one plain line */
+export const validationText = (error: ValidationError.ValidationError): string =>
+  HelpDoc.toAnsiText(error.error)
+    .replace(ANSI, "")
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l !== "")
+    .join(" ")
+
+/**
+ * The one error edge for what @effect/cli finds before a command runs (unknown flag, missing or
+ * bad argument): instead of its own multi-line printout, the same one line (or `{"error":…}`
+ * with `--json`) and exit code 64 as every other error. Its own printing of these goes to a
+ * quiet console; each command's edge gets the real one back.
+ */
+export const parsedAtTheEdge =
+  (argv: ReadonlyArray<string>) =>
+  <A, E, R>(cli: Effect.Effect<A, E, R>) =>
+    Console.consoleWith((console) =>
+      cli.pipe(
+        Effect.withConsole({ ...console, error: () => Effect.void }),
+        Effect.locally(commandConsole, Option.some(console)),
+        Effect.catchIf(
+          (e): e is E & ValidationError.ValidationError => ValidationError.isValidationError(e),
+          (e) =>
+            renderError(
+              { _tag: "ValidationError", message: `${validationText(e)} (abox --help shows the usage)` },
+              wantsJson(argv)
+            ).pipe(
+              Effect.zipRight(
+                Effect.fail(new CliExit({ code: exitCodeFor("ValidationError"), tag: "ValidationError" }))
+              )
+            )
+        )
       )
     )
 

@@ -391,7 +391,10 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
             new BrokerPolicyError({
               path: file,
               reason: "unreadable",
-              message: `cannot read ${file}: ${cause.message}`
+              message:
+                cause._tag === "SystemError" && cause.reason === "NotFound"
+                  ? `the broker policy file ${file} does not exist`
+                  : `cannot read the broker policy file ${file}: ${cause.message}`
             })
         )
       )

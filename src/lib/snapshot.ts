@@ -31,7 +31,13 @@ export const snapshotSource = Effect.fn("snapshotSource")(function* (source: str
   const stat = yield* Effect.tryPromise({
     try: () => fs.stat(root),
     catch: (cause) =>
-      new SourceInvalid({ path: root, message: `cannot read source directory ${root}: ${String(cause)}` })
+      new SourceInvalid({
+        path: root,
+        message:
+          (cause as { code?: unknown }).code === "ENOENT"
+            ? `source ${root} does not exist`
+            : `cannot read source directory ${root}: ${String(cause)}`
+      })
   })
   if (!stat.isDirectory()) {
     return yield* new SourceInvalid({ path: root, message: `source ${root} is not a directory` })

@@ -8,7 +8,7 @@ import * as Option from "effect/Option"
 import { hostArch } from "../../lib/arch.js"
 import type { RegisteredImage } from "../../lib/images.js"
 import { buildImage, imageList, imageRemove } from "../../programs/image.js"
-import { edge, printJson } from "../render.js"
+import { edge, notAnOption, printJson } from "../render.js"
 
 const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
 
@@ -81,7 +81,7 @@ const list = Command.make("list", { json }, (args) =>
 const rm = Command.make(
   "rm",
   {
-    ref: Args.text({ name: "name@digest" }).pipe(
+    ref: notAnOption(Args.text({ name: "name@digest" })).pipe(
       Args.withDescription("the image (a digest prefix of 8+ works)")
     ),
     force: Options.boolean("force").pipe(Options.withDescription("remove even the default image")),

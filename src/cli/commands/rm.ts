@@ -6,7 +6,7 @@ import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import { formatBytes } from "../../lib/diskUsage.js"
 import { remove, type Removal } from "../../programs/remove.js"
-import { Cancelled, ConfirmationRequired, edge, printJson } from "../render.js"
+import { Cancelled, ConfirmationRequired, edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
 
 export const yes = Options.boolean("yes").pipe(Options.withAlias("y"), Options.withDescription("do not ask"))
@@ -62,7 +62,7 @@ export const removalJson = (removal: Removal) =>
 export const rm = Command.make(
   "rm",
   {
-    refs: Args.text({ name: "id|name" }).pipe(
+    refs: notAnOption(Args.text({ name: "id|name" })).pipe(
       Args.withDescription(
         "session ids or names (all or nothing: a running session stops the whole removal)"
       ),

@@ -17,7 +17,7 @@ import {
 import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { remove } from "../../programs/remove.js"
-import { CliExit, edge, UsageError } from "../render.js"
+import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
@@ -44,13 +44,14 @@ const agent = Options.text("agent").pipe(
   Options.repeated,
   Options.withDescription("agent command argv (repeat per word); default: each turn runs as a shell command")
 )
-const policy = Options.file("policy", { exists: "yes" }).pipe(
+// existence is checked by the program (BrokerPolicyError, SourceInvalid), not the parser
+const policy = Options.file("policy").pipe(
   Options.optional,
   Options.withDescription(
     "HTTPS broker policy file (docs/broker.md); default: the session's, else $ABOX_HOME/broker.json, else deny all"
   )
 )
-const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
+const source = notAnOption(Args.directory({ name: "dir" })).pipe(
   Args.withDescription("the repository to copy into the session")
 )
 const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))

@@ -6,7 +6,7 @@ import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
 import { sessionStatus } from "../../programs/list.js"
 import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
-import { edge, printJson } from "../render.js"
+import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
 
 /** the broker policy in one line: what may be reached, and which hosts get a credential (by name, never a value) */
@@ -19,7 +19,7 @@ const describePolicy = (policy: NonNullable<SessionMeta["policy"]>): string => {
   return `allow ${allow}${credentials.length > 0 ? `; credentials: ${credentials.join(", ")}` : ""}`
 }
 
-export const sessionRef = Args.text({ name: "id|name" }).pipe(
+export const sessionRef = notAnOption(Args.text({ name: "id|name" })).pipe(
   Args.withDescription("a session id or a session name")
 )
 

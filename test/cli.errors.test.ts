@@ -1,0 +1,68 @@
+/**
+ * Every failure goes through the one error edge, @effect/cli's own validation included: one
+ * `abox: …` line on stderr (or exactly one `{"error":…}` object on stdout with --json) and the
+ * code docs/exit-codes.md gives its tag.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { exitCodeFor } from "../src/cli/exitCodes.js"
+import { runCli, tempHome, withCliAndSource } from "./cliHelpers.js"
+
+const sourceDir = withCliAndSource()
+const fake = { ABOX_VMM: "fake" }
+
+const cases = (
+  source: string,
+  home: string
+): ReadonlyArray<readonly [ReadonlyArray<string>, string, RegExp]> => [
+  [["run", "/nope", "--", "ls"], "SourceInvalid", /source \/nope does not exist/],
+  [["run", "--bogus", source, "--", "ls"], "ValidationError", /unknown option --bogus/],
+  [
+    ["run", "--policy", path.join(home, "none.json"), source, "--", "ls"],
+    "BrokerPolicyError",
+    /does not exist/
+  ],
+  [["run", "--cpus", "many", source, "--", "ls"], "ValidationError", /many/],
+  [["list", "--bogus"], "ValidationError", /--bogus/],
+  [["show"], "ValidationError", /Missing argument/],
+  [["show", "--bogus"], "ValidationError", /unknown option --bogus/],
+  [["rm", "-x"], "ValidationError", /unknown option -x/],
+  [["nosuchcommand"], "ValidationError", /subcommand/]
+]
+
+describe("the one error edge", () => {
+  it("each failure: one `abox:` line on stderr, nothing on stdout, the documented code", () => {
+    const home = tempHome()
+    for (const [args, tag, text] of cases(sourceDir(), home)) {
+      const r = runCli(home, args, fake)
+      expect({ args, code: r.code }).toEqual({ args, code: exitCodeFor(tag) })
+      expect(r.stdout).toBe("")
+      expect(r.stderr).toMatch(/^abox: [^\n]+\n$/)
+      expect(r.stderr).toMatch(text)
+    }
+    expect(
+      fs.existsSync(path.join(home, "sessions")) ? fs.readdirSync(path.join(home, "sessions")) : []
+    ).toEqual([])
+  })
+
+  it("with --json: exactly one error object on stdout with the tag, the documented code", () => {
+    const home = tempHome()
+    for (const [args, tag, text] of cases(sourceDir(), home)) {
+      if (args.length === 1 && args[0] === "nosuchcommand") continue
+      const r = runCli(home, [...args.slice(0, 1), "--json", ...args.slice(1)], fake)
+      expect({ args, code: r.code }).toEqual({ args, code: exitCodeFor(tag) })
+      const parsed = JSON.parse(r.stdout) as { error: { _tag: string; message: string } }
+      expect(parsed.error._tag).toBe(tag)
+      expect(parsed.error.message).toMatch(text)
+      expect(r.stderr).toBe("")
+    }
+  })
+
+  it("--help, --version and completions still print", () => {
+    const home = tempHome()
+    expect(runCli(home, ["--version"]).stdout).toContain("0.1.0")
+    expect(runCli(home, ["run", "--help"]).stdout).toContain("USAGE")
+    expect(runCli(home, ["--completions", "bash"]).stdout).toContain("complete")
+  })
+})
