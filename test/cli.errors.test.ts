@@ -7,7 +7,7 @@ import { describe, expect, it } from "@effect/vitest"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { exitCodeFor } from "../src/cli/exitCodes.js"
-import { runCli, tempHome, withCliAndSource } from "./cliHelpers.js"
+import { runCli, tempHome, withCliAndSource, writeSession } from "./cliHelpers.js"
 
 const sourceDir = withCliAndSource()
 const fake = { ABOX_VMM: "fake" }
@@ -64,5 +64,29 @@ describe("the one error edge", () => {
     expect(runCli(home, ["--version"]).stdout).toContain("0.1.0")
     expect(runCli(home, ["run", "--help"]).stdout).toContain("USAGE")
     expect(runCli(home, ["--completions", "bash"]).stdout).toContain("complete")
+  })
+})
+
+describe("errors that escaped their types", () => {
+  it("gc that cannot remove a file: StoreIoError (68), one line, no stack trace", () => {
+    const home = tempHome()
+    const dir = writeSession(path.join(home, "sessions"), "01aaaaaaaaaaaaaaaaaaaaaaaa")
+    // a directory where gc expects an interrupted write's temp file: fs.rm without recursion fails
+    fs.mkdirSync(path.join(dir, ".session.json.tmp-1"))
+    fs.writeFileSync(path.join(dir, ".session.json.tmp-1", "x"), "")
+    const r = runCli(home, ["gc"])
+    expect(r.code).toBe(exitCodeFor("StoreIoError"))
+    expect(r.stderr).toMatch(/^abox: cannot remove .*\.session\.json\.tmp-1[^\n]*\n$/)
+  })
+
+  it("ABOX_QEMU_ACCEL and ABOX_VMM are checked: ConfigInvalid (74) before anything runs", () => {
+    const home = tempHome()
+    const accel = runCli(home, ["run", sourceDir(), "--", "true"], { ABOX_QEMU_ACCEL: "foo" })
+    expect(accel.code).toBe(exitCodeFor("ConfigInvalid"))
+    expect(accel.stderr).toMatch(/^abox: ABOX_QEMU_ACCEL: [^\n]*foo[^\n]*\n$/)
+    const vmm = runCli(home, ["list", "--json"], { ABOX_VMM: "bochs" })
+    expect(vmm.code).toBe(exitCodeFor("ConfigInvalid"))
+    expect((JSON.parse(vmm.stdout) as { error: { _tag: string } }).error._tag).toBe("ConfigInvalid")
+    expect(fs.existsSync(path.join(home, "sessions"))).toBe(false)
   })
 })

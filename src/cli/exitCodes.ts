@@ -18,6 +18,8 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   Cancelled: 72,
   // open: the source directory is missing or not a directory
   SourceInvalid: 73,
+  // an ABOX_* environment variable with a value abox does not accept
+  ConfigInvalid: 74,
   // lock
   SessionBusy: 75,
   LockError: 76,

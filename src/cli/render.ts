@@ -2,7 +2,6 @@ import * as Args from "@effect/cli/Args"
 import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as ValidationError from "@effect/cli/ValidationError"
 import * as Cause from "effect/Cause"
-import * as Config from "effect/Config"
 import * as Console from "effect/Console"
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
@@ -10,6 +9,7 @@ import * as Exit from "effect/Exit"
 import * as FiberRef from "effect/FiberRef"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
+import { readEnv, skipScrub } from "../lib/env.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import { exitCodeFor, UNKNOWN_ERROR_EXIT } from "./exitCodes.js"
 
@@ -69,11 +69,9 @@ export const printJson = (value: unknown) => Console.log(JSON.stringify(value, n
 export const renderError = (error: Tagged, json: boolean) =>
   json ? printJson(errorJson(error)) : Console.error(`abox: ${errorMessage(error).split("\n").join(" ")}`)
 
-const skipScrub = Config.boolean("ABOX_SKIP_SCRUB").pipe(Config.withDefault(false))
-
 /** DESIGN: the scrubber runs on every start. Nothing secret is printed, only counts. */
 export const startupScrub = Effect.gen(function* () {
-  if (yield* skipScrub) return
+  if (yield* readEnv(skipScrub)) return
   const scrubber = yield* SecretScrubber
   const report = yield* scrubber.scrub({ dryRun: false })
   const changed = report.findings.filter((f) => f.changed)

@@ -124,7 +124,9 @@ export const make = (options: FakeVmmOptions = {}) =>
           JSON.stringify({ arch: spec.arch, cpus: spec.cpus, memoryMiB: spec.memoryMiB }) + "\n"
         )
         .pipe(
-          Effect.mapError((error) => vmmError("setup_failed", `cannot write ${paths.vmSpec}: ${error.message}`))
+          Effect.mapError((error) =>
+            vmmError("setup_failed", `cannot write ${paths.vmSpec}: ${error.message}`)
+          )
         )
 
       // runtime files turn processes read (the broker CA bundle): outside the 0700 session dir so

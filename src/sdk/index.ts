@@ -56,6 +56,7 @@ export { VmmError, VmmUnavailable } from "../services/VmmBackend.js"
 export { ImageNotFound, DiskError } from "../services/Images.js"
 export { SessionIncompatible } from "../programs/compat.js"
 export { SourceInvalid } from "../lib/snapshot.js"
+export { ConfigInvalid } from "../lib/env.js"
 
 /** The Effect API: the programs, and the layer that provides what they need. */
 export const Abox = {

@@ -49,8 +49,7 @@ export interface TurnResult {
 
 /** One event of a turn as the SDK and CLI see it: the guest's events, then the end. */
 export type TurnEvent =
-  | { readonly _tag: "Event"; readonly event: AgentEvent }
-  | ({ readonly _tag: "End" } & TurnResult)
+  { readonly _tag: "Event"; readonly event: AgentEvent } | ({ readonly _tag: "End" } & TurnResult)
 
 /** A tunnel the guest asked for (broker): the host accepts or denies, then bytes flow. */
 export interface TunnelRequest {
@@ -58,7 +57,11 @@ export interface TunnelRequest {
   readonly host: string
   readonly port: number
   readonly accept: () => Effect.Effect<
-    { readonly read: Stream.Stream<Uint8Array, GuestDisconnected>; readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>; readonly close: Effect.Effect<void> },
+    {
+      readonly read: Stream.Stream<Uint8Array, GuestDisconnected>
+      readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>
+      readonly close: Effect.Effect<void>
+    },
     GuestDisconnected
   >
   readonly deny: (reason: string) => Effect.Effect<void>
@@ -94,7 +97,11 @@ export interface GuestRpcShape {
   readonly listen: (
     socketPath: string,
     options: GuestRpcOptions
-  ) => Effect.Effect<{ readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> }, GuestDisconnected, Scope.Scope>
+  ) => Effect.Effect<
+    { readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> },
+    GuestDisconnected,
+    Scope.Scope
+  >
 }
 
 export class GuestRpc extends Context.Tag("abox/GuestRpc")<GuestRpc, GuestRpcShape>() {}

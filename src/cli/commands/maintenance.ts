@@ -10,7 +10,7 @@ import { BROKER_LOG_FILE, formatBrokerLog, readBrokerLog } from "../../lib/broke
 import { doctor } from "../../programs/doctor.js"
 import { gc } from "../../programs/gc.js"
 import { sessionFiles } from "../../programs/session.js"
-import { SessionStore } from "../../services/SessionStore.js"
+import { SessionStore, StoreIoError } from "../../services/SessionStore.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
@@ -72,7 +72,12 @@ export const logs = Command.make(
         const id = yield* store.resolve(args.ref)
         const dir = store.dir(id)
         if (args.broker) {
-          const read = yield* readBrokerLog(path.join(dir, BROKER_LOG_FILE)).pipe(Effect.orDie)
+          const logFile = path.join(dir, BROKER_LOG_FILE)
+          const read = yield* readBrokerLog(logFile).pipe(
+            Effect.mapError(
+              (error) => new StoreIoError({ path: logFile, operation: "read", message: error.message })
+            )
+          )
           yield* Console.log(
             read.entries.length === 0 && read.badLines.length === 0
               ? "(no broker decisions yet)"
@@ -84,7 +89,16 @@ export const logs = Command.make(
         if (!args.follow) {
           if (!fs.existsSync(file))
             return yield* Console.error(`abox: ${id} has no console log yet (never booted)`)
-          yield* Effect.sync(() => process.stdout.write(fs.readFileSync(file)))
+          const bytes = yield* Effect.try({
+            try: () => fs.readFileSync(file),
+            catch: (cause) =>
+              new StoreIoError({
+                path: file,
+                operation: "read",
+                message: `cannot read ${file}: ${String(cause)}`
+              })
+          })
+          yield* Effect.sync(() => process.stdout.write(bytes))
           return
         }
         yield* follow(file).pipe(Stream.runForEach((chunk) => Effect.sync(() => process.stdout.write(chunk))))
