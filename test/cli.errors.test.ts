@@ -90,3 +90,37 @@ describe("errors that escaped their types", () => {
     expect(fs.existsSync(path.join(home, "sessions"))).toBe(false)
   })
 })
+
+describe("bad values said in words, before anything is made", () => {
+  it("--cpus 0 and --memory 16: InvalidOption (78); nothing made, nothing booted", () => {
+    const home = tempHome()
+    for (const [flag, value] of [
+      ["--cpus", "0"],
+      ["--memory", "16"]
+    ] as const) {
+      const r = runCli(home, ["run", flag, value, sourceDir(), "--", "true"], fake)
+      expect(r.code).toBe(exitCodeFor("InvalidOption"))
+      expect(r.stderr).toMatch(new RegExp(`^abox: ${flag} ${value}: a VM gets`))
+    }
+    expect(
+      fs.existsSync(path.join(home, "sessions")) ? fs.readdirSync(path.join(home, "sessions")) : []
+    ).toEqual([])
+  })
+
+  it("an invalid policy names the field in words; doctor checks $ABOX_HOME/broker.json", () => {
+    const home = tempHome()
+    const policy = path.join(home, "broker.json")
+    fs.writeFileSync(policy, JSON.stringify({ format: 1, allow: [{ host: "api.example", ports: [0] }] }))
+    const r = runCli(home, ["run", "--policy", policy, sourceDir(), "--", "true"], fake)
+    expect(r.code).toBe(exitCodeFor("BrokerPolicyError"))
+    expect(r.stderr).toContain("allow[0].ports[0]: Expected a number between 1 and 65535, actual 0")
+    expect(r.stderr).not.toMatch(/parseJson|Struct|<->/)
+    const doctor = runCli(home, ["doctor", "--json"], fake)
+    expect(doctor.code).toBe(1)
+    const checks = (
+      JSON.parse(doctor.stdout) as { checks: Array<{ name: string; status: string; detail: string }> }
+    ).checks
+    expect(checks.find((c) => c.name === "broker")).toMatchObject({ status: "fail" })
+    expect(checks.find((c) => c.name === "broker")?.detail).toContain("allow[0].ports[0]")
+  })
+})

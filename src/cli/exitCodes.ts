@@ -20,6 +20,8 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   SourceInvalid: 73,
   // an ABOX_* environment variable with a value abox does not accept
   ConfigInvalid: 74,
+  // open/resume: --cpus or --memory out of range
+  InvalidOption: 78,
   // lock
   SessionBusy: 75,
   LockError: 76,

@@ -6,7 +6,9 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as Schema from "effect/Schema"
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -86,6 +88,37 @@ export const DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(10)
 
 export const GUEST_REPO = "/work/repo"
 
+/** a boot option outside what a VM can run with (checked before anything is made) */
+export class InvalidOption extends Schema.TaggedError<InvalidOption>()("InvalidOption", {
+  option: Schema.String,
+  message: Schema.String
+}) {}
+
+export const MIN_MEMORY_MIB = 256
+export const MAX_CPUS = 64
+
+/** --cpus and --memory in range: the guest kernel does not boot below 256 MiB, nor past the host's memory */
+const checkResources = (options: BootOptions) =>
+  Effect.gen(function* () {
+    const { cpus, memoryMiB } = options
+    if (cpus !== undefined && !(Number.isInteger(cpus) && cpus >= 1 && cpus <= MAX_CPUS)) {
+      return yield* new InvalidOption({
+        option: "cpus",
+        message: `--cpus ${cpus}: a VM gets 1 to ${MAX_CPUS} CPUs`
+      })
+    }
+    const hostMiB = Math.floor(os.totalmem() / 1024 / 1024)
+    if (
+      memoryMiB !== undefined &&
+      !(Number.isInteger(memoryMiB) && memoryMiB >= MIN_MEMORY_MIB && memoryMiB <= hostMiB)
+    ) {
+      return yield* new InvalidOption({
+        option: "memory",
+        message: `--memory ${memoryMiB}: a VM gets ${MIN_MEMORY_MIB} to ${hostMiB} MiB (this host's memory)`
+      })
+    }
+  })
+
 export const sessionFiles = (dir: string) => ({
   rootDisk: path.join(dir, "root.raw"),
   configDisk: path.join(dir, "config.raw"),
@@ -107,6 +140,27 @@ const writeConfig = Effect.fn("session.writeConfig")(function* (
   yield* writeConfigDisk(sessionFiles(dir).configDisk, config)
   yield* store.writeGuestConfig(id, config)
 })
+
+/** the last lines of a console log, control characters shown as `?` (the guest wrote them) */
+const consoleTail = (file: string, lines = 5) =>
+  Effect.promise(() =>
+    fs.readFile(file, "utf8").then(
+      (text) =>
+        text
+          .slice(-8192)
+          .split(/\r?\n/)
+          .map((line) =>
+            line
+              .replace(/\u001b\[[0-9;?]*[A-Za-z]/g, "")
+              .replace(/[\u0000-\u001f\u007f-\u009f]/g, "?")
+              .trim()
+          )
+          .filter((line) => line !== "")
+          .slice(-lines)
+          .map((line) => line.slice(0, 200)),
+      () => [] as Array<string>
+    )
+  )
 
 /** the broker denies every tunnel */
 export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], resolve: {} }
@@ -218,12 +272,18 @@ const boot = Effect.fn("session.boot")(function* (
   yield* Ref.set(vmRef, Option.some(vm))
 
   // A VM that dies before its hello is reported at once, not after the hello timeout.
+  // The console's last lines go into the message: a failed Open removes the session directory
+  // and its console.log with it.
   const died = vm.exited.pipe(
     Effect.flatMap((exit) =>
-      Effect.fail(
-        new GuestDisconnected({
-          message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); see ${files.consoleLog}`
-        })
+      Effect.flatMap(consoleTail(files.consoleLog), (tail) =>
+        Effect.fail(
+          new GuestDisconnected({
+            message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal})${
+              tail.length > 0 ? `; its console ended: ${tail.join(" | ")}` : `; see ${files.consoleLog}`
+            }`
+          })
+        )
       )
     )
   )
@@ -291,6 +351,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
   const images = yield* Images
   const vmm = yield* VmmBackend
 
+  yield* checkResources(options)
   yield* phase(options, "snapshot")
   const snapshot = yield* snapshotSource(options.source)
   const policy = options.policy ?? (yield* defaultPolicy)
@@ -343,6 +404,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
   const images = yield* Images
   const vmm = yield* VmmBackend
 
+  yield* checkResources(options)
   const id = yield* store.resolve(ref)
   return yield* transactional(
     Effect.gen(function* () {

@@ -55,6 +55,7 @@ export {
 export { VmmError, VmmUnavailable } from "../services/VmmBackend.js"
 export { ImageNotFound, DiskError } from "../services/Images.js"
 export { SessionIncompatible } from "../programs/compat.js"
+export { InvalidOption } from "../programs/session.js"
 export { SourceInvalid } from "../lib/snapshot.js"
 export { ConfigInvalid } from "../lib/env.js"
 
