@@ -124,3 +124,21 @@ describe("bad values said in words, before anything is made", () => {
     expect(checks.find((c) => c.name === "broker")?.detail).toContain("allow[0].ports[0]")
   })
 })
+
+describe("names", () => {
+  it("a name that is a session id (or looks like one) is refused, so rm <id> cannot reach another session", () => {
+    const home = tempHome()
+    const sessions = path.join(home, "sessions")
+    const A = "01aaaaaaaaaaaaaaaaaaaaaaaa"
+    const B = "01bbbbbbbbbbbbbbbbbbbbbbbb"
+    writeSession(sessions, A)
+    writeSession(sessions, B)
+    writeSession(sessions, "plain")
+    for (const name of [A, "01cccccccccccccccccccccccc", "plain"]) {
+      const r = runCli(home, ["name", B, name])
+      expect(r.code).toBe(exitCodeFor("InvalidName"))
+      expect(r.stderr).toMatch(/^abox: .*(session id|id of a session)/)
+    }
+    expect(fs.existsSync(path.join(home, "names"))).toBe(false)
+  })
+})

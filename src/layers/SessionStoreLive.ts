@@ -308,6 +308,13 @@ export const makeSessionStore = Effect.gen(function* () {
 
   const bindName = Effect.fn("SessionStore.bindName")(function* (name: string, id: string) {
     const stem = yield* checkName(name)
+    // an existing session's id (a legacy one need not look like an id) is never a name
+    if (yield* exists(name)) {
+      return yield* new InvalidName({
+        name,
+        message: `"${name}" is the id of a session, which refs resolve first: choose another name`
+      })
+    }
     yield* locate(id)
     return yield* withNameLock(
       stem,
