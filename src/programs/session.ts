@@ -11,6 +11,8 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
+import { stripTerminalControls } from "../lib/terminalText.js"
+import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig } from "../protocol/GuestConfig.js"
@@ -141,27 +143,6 @@ const writeConfig = Effect.fn("session.writeConfig")(function* (
   yield* store.writeGuestConfig(id, config)
 })
 
-/** the last lines of a console log, control characters shown as `?` (the guest wrote them) */
-const consoleTail = (file: string, lines = 5) =>
-  Effect.promise(() =>
-    fs.readFile(file, "utf8").then(
-      (text) =>
-        text
-          .slice(-8192)
-          .split(/\r?\n/)
-          .map((line) =>
-            line
-              .replace(/\u001b\[[0-9;?]*[A-Za-z]/g, "")
-              .replace(/[\u0000-\u001f\u007f-\u009f]/g, "?")
-              .trim()
-          )
-          .filter((line) => line !== "")
-          .slice(-lines)
-          .map((line) => line.slice(0, 200)),
-      () => [] as Array<string>
-    )
-  )
-
 /** the broker denies every tunnel */
 export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], resolve: {} }
 
@@ -276,14 +257,18 @@ const boot = Effect.fn("session.boot")(function* (
   // and its console.log with it.
   const died = vm.exited.pipe(
     Effect.flatMap((exit) =>
-      Effect.flatMap(consoleTail(files.consoleLog), (tail) =>
-        Effect.fail(
-          new GuestDisconnected({
-            message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal})${
-              tail.length > 0 ? `; its console ended: ${tail.join(" | ")}` : `; see ${files.consoleLog}`
-            }`
-          })
-        )
+      Effect.flatMap(
+        Effect.sync(() =>
+          consoleTail(files.consoleLog, 5).map((line) => stripTerminalControls(line).slice(0, 200))
+        ),
+        (tail) =>
+          Effect.fail(
+            new GuestDisconnected({
+              message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal})${
+                tail.length > 0 ? `; its console ended: ${tail.join(" | ")}` : `; see ${files.consoleLog}`
+              }`
+            })
+          )
       )
     )
   )

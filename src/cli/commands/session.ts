@@ -19,6 +19,7 @@ import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { remove } from "../../programs/remove.js"
 import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
+import { holdingSession } from "../runMain.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
@@ -187,15 +188,17 @@ export const run = Command.make(
                 )
           })
         )
-        yield* Effect.scoped(
-          Effect.gen(function* () {
-            const session = yield* openFromArgs(
-              args,
-              stepDisplay(!args.json && process.stderr.isTTY === true)
-            )
-            yield* Ref.set(opened, session)
-            yield* oneTurn(session, args.turn, args.json)
-          })
+        yield* holdingSession(
+          Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* openFromArgs(
+                args,
+                stepDisplay(!args.json && process.stderr.isTTY === true)
+              )
+              yield* Ref.set(opened, session)
+              yield* oneTurn(session, args.turn, args.json)
+            })
+          )
         ).pipe(Effect.ensuring(afterClose))
       })
     )
@@ -210,13 +213,15 @@ export const openCommand = Command.make(
   { source, name, model, image, cpus, memory, agent, policy },
   (args) =>
     edge({ json: false })(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const session = yield* openFromArgs(args, stepDisplay(true))
-          for (const skipped of session.skipped)
-            yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-          yield* interactive(session)
-        })
+      holdingSession(
+        Effect.scoped(
+          Effect.gen(function* () {
+            const session = yield* openFromArgs(args, stepDisplay(true))
+            for (const skipped of session.skipped)
+              yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+            yield* interactive(session)
+          })
+        )
       )
     )
 ).pipe(
@@ -230,19 +235,21 @@ export const resumeCommand = Command.make(
   { ref: sessionRef, model, cpus, memory, agent, policy, json, turn: turnWords },
   (args) =>
     edge({ json: args.json })(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const interactiveMode = args.turn.length === 0
-          const session = yield* resume(
-            args.ref,
-            yield* bootOptions(
-              args,
-              stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+      holdingSession(
+        Effect.scoped(
+          Effect.gen(function* () {
+            const interactiveMode = args.turn.length === 0
+            const session = yield* resume(
+              args.ref,
+              yield* bootOptions(
+                args,
+                stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+              )
             )
-          )
-          if (interactiveMode) yield* interactive(session)
-          else yield* oneTurn(session, args.turn, args.json)
-        })
+            if (interactiveMode) yield* interactive(session)
+            else yield* oneTurn(session, args.turn, args.json)
+          })
+        )
       )
     )
 ).pipe(Command.withDescription("boot an existing session again: interactive, or one turn after --"))
