@@ -11,6 +11,7 @@ import * as readline from "node:readline"
 import { writeJsonAtomic } from "../lib/atomicFile.js"
 import type { Session } from "../programs/session.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
+import { CliExit } from "./render.js"
 import { printEvent, turnExitCode } from "./turnOutput.js"
 
 /** `transcript.json`: the interactive mode's log of a session (the SDK never writes it). */
@@ -47,7 +48,19 @@ const loadTranscript = (file: string, sessionId: string): Effect.Effect<Transcri
   )
 
 const HELP =
-  "type a turn and press Enter · Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session"
+  "type a turn and press Enter · Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session · /help"
+
+/** what a turn is, for /help */
+const TURN_HELP = [
+  HELP,
+  "A turn is one shell command line (or one message to --agent), run in /work/repo in the guest as",
+  "an unprivileged user. It gets no stdin and no terminal (no editors, no prompts); its output",
+  "streams here. Each turn is a fresh process: `cd` and `export` do not carry over to the next",
+  "(chain with `&&`, or write a script). Files it changes stay in the session's disk."
+].join("\n")
+
+/** Ctrl-C at an empty prompt: a hint, not a close (a shell habit must not end the session) */
+const CTRL_C_HINT = "(Ctrl-D or /exit closes the session; Ctrl-C cancels a running turn)"
 
 /**
  * The interactive mode: a prompt for turns, events streamed as they come; Ctrl-C cancels the
@@ -73,6 +86,23 @@ export const interactive = (session: Session) =>
       : ""
     process.stderr.write(`abox: session ${session.id} ready${contextNote}\n${HELP}\n`)
 
+    // Ctrl-C at the prompt: the hint; while a turn runs, the turn's own listener cancels it
+    let turnRunning = false
+    yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        const onIdleCtrlC = () => {
+          if (turnRunning) return
+          process.stderr.write(`\n${CTRL_C_HINT}\n`)
+          rl.prompt()
+        }
+        rl.on("SIGINT", onIdleCtrlC)
+        return onIdleCtrlC
+      }),
+      (listener) => Effect.sync(() => rl.off("SIGINT", listener))
+    )
+    // piped turns (no terminal): the exit status is the last failed turn's
+    let lastFailure = 0
+
     const lines = rl[Symbol.asyncIterator]()
     const nextLine = Effect.promise(() => {
       rl.prompt()
@@ -87,7 +117,7 @@ export const interactive = (session: Session) =>
       if (text === "") continue
       if (text === "/exit" || text === "/quit") break
       if (text === "/help") {
-        process.stderr.write(HELP + "\n")
+        process.stderr.write(TURN_HELP + "\n")
         continue
       }
       const started = new Date().toISOString()
@@ -102,6 +132,7 @@ export const interactive = (session: Session) =>
         Stream.runLast,
         Effect.map(Option.getOrUndefined)
       )
+      turnRunning = true
       const fiber = yield* Effect.fork(turn)
       // Ctrl-C while a turn runs cancels it (interrupting the stream sends `cancel` to the guest)
       const ctrlC = Effect.async<void>((resume) => {
@@ -109,13 +140,17 @@ export const interactive = (session: Session) =>
         rl.once("SIGINT", onCtrlC)
         return Effect.sync(() => rl.off("SIGINT", onCtrlC))
       })
-      const exit = yield* Effect.raceFirst(Fiber.await(fiber), Effect.zipRight(ctrlC, Fiber.interrupt(fiber)))
+      const exit = yield* Effect.raceFirst(
+        Fiber.await(fiber),
+        Effect.zipRight(ctrlC, Fiber.interrupt(fiber))
+      ).pipe(Effect.ensuring(Effect.sync(() => (turnRunning = false))))
       if (Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause))
         return yield* Exit.failCause(exit.cause)
       const end: TurnEvent | undefined = Exit.isSuccess(exit) ? exit.value : undefined
       const cancelled = Exit.isFailure(exit) || (end?._tag === "End" && end.cancelled)
       const code = cancelled ? 130 : turnExitCode(end)
       if (code !== 0) process.stderr.write(`· exit ${code}${cancelled ? " (cancelled)" : ""}\n`)
+      if (code !== 0) lastFailure = code
       transcript = {
         ...transcript,
         entries: [...transcript.entries, { at: started, text, output, exitCode: code, cancelled }]
@@ -125,5 +160,8 @@ export const interactive = (session: Session) =>
           Effect.sync(() => process.stderr.write(`abox: transcript not saved: ${error.message}\n`))
         )
       )
+    }
+    if (process.stdin.isTTY !== true && lastFailure !== 0) {
+      return yield* new CliExit({ code: lastFailure, tag: "TurnExit" })
     }
   })
