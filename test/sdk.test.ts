@@ -10,6 +10,7 @@ process.env.ABOX_HOME = home
 process.env.ABOX_VMM = "fake"
 
 const sdk = await import("../src/sdk/index.js")
+const { processesMentioning } = await import("./support/processes.js")
 
 beforeAll(() => {
   fs.writeFileSync(path.join(source, "hello.txt"), "hello from the host\n")
@@ -92,6 +93,22 @@ describe("SDK (Promise facade) over the fake backend", () => {
       await manager.stop("my-project")
     }
     await expect(manager.start("my-project", { source })).rejects.toMatchObject({ _tag: "NameTaken" })
+  })
+
+  it("SessionManager: a turn that fails (the VM died) still ends its busy spell: the idle timeout closes the session", async () => {
+    const manager = new sdk.SessionManager()
+    const session = await manager.start("dies", { source, timeout: 0.5 })
+    const events = session.turn("echo started; sleep 60")[Symbol.asyncIterator]()
+    await events.next()
+    for (const pid of processesMentioning(session.dir)) process.kill(pid, "SIGKILL")
+    await expect(
+      (async () => {
+        for (;;) if ((await events.next()).done === true) return
+      })()
+    ).rejects.toBeDefined()
+    const deadline = Date.now() + 15_000
+    while (!session.closed && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100))
+    expect(session.closed).toBe(true)
   })
 
   it("SessionManager: an idle timeout closes the session", async () => {
