@@ -64,6 +64,27 @@ describe("the one error edge", () => {
     expect(runCli(home, ["--version"]).stdout).toContain("0.1.0")
     expect(runCli(home, ["run", "--help"]).stdout).toContain("USAGE")
     expect(runCli(home, ["--completions", "bash"]).stdout).toContain("complete")
+    // piped: no colour; usage lines name the program; no type boilerplate, no internal words; an example each
+    for (const cmd of [
+      "run",
+      "open",
+      "resume",
+      "list",
+      "show",
+      "logs",
+      "name",
+      "rm",
+      "prune",
+      "gc",
+      "scrub",
+      "doctor"
+    ]) {
+      const help = runCli(home, [cmd, "--help"]).stdout
+      expect(help).not.toMatch(/\u001b\[/)
+      expect(help).toMatch(new RegExp(`^\\$ abox ${cmd}\\b`, "m"))
+      expect(help).not.toMatch(/A user-defined piece of text|A true or false value|seed 00/)
+      expect(help).toContain("Example: abox ")
+    }
   })
 })
 

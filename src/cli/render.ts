@@ -145,6 +145,21 @@ export const validationText = (error: ValidationError.ValidationError): string =
     .filter((l) => l !== "")
     .join(" ")
 
+/** @effect/cli's type sentences, said of every argument and option: noise in our help */
+const HELP_BOILERPLATE =
+  /^ {2}(A user-defined piece of text\.|A true or false value\.|An integer\.|A file system path\.|A directory path\.|This argument must be repeated at least \d+ times?\.|This setting is optional\.)\n\n?/gm
+
+/**
+ * `--help` as people read it: no colour when stdout is not a terminal or NO_COLOR is set, usage
+ * lines that start with `abox`, without @effect/cli's per-type boilerplate.
+ */
+export const tidyHelp = (text: string): string => {
+  const plain = process.stdout.isTTY !== true || (process.env.NO_COLOR ?? "") !== ""
+  return (plain ? text.replace(ANSI, "") : text)
+    .replace(/^\$ (?!abox\b)/gm, "$ abox ")
+    .replace(HELP_BOILERPLATE, "")
+}
+
 /**
  * The one error edge for what @effect/cli finds before a command runs (unknown flag, missing or
  * bad argument): instead of its own multi-line printout, the same one line (or `{"error":…}`
@@ -156,7 +171,12 @@ export const parsedAtTheEdge =
   <A, E, R>(cli: Effect.Effect<A, E, R>) =>
     Console.consoleWith((console) =>
       cli.pipe(
-        Effect.withConsole({ ...console, error: () => Effect.void }),
+        Effect.withConsole({
+          ...console,
+          error: () => Effect.void,
+          log: (...args: ReadonlyArray<unknown>) =>
+            console.log(...args.map((a) => (typeof a === "string" && a.includes("USAGE") ? tidyHelp(a) : a)))
+        }),
         Effect.locally(commandConsole, Option.some(console)),
         Effect.catchIf(
           (e): e is E & ValidationError.ValidationError => ValidationError.isValidationError(e),

@@ -12,7 +12,7 @@ export const holdingSession = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
     () => Effect.sync(() => sessionsHeld--)
   )
 
-/** The termination signals the CLI turns into Close (seed 000: SIGINT, SIGTERM and SIGHUP). */
+/** The termination signals the CLI turns into Close (SIGINT, SIGTERM and SIGHUP). */
 export const CLOSE_SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const
 
 /**

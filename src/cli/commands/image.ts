@@ -59,7 +59,9 @@ const build = Command.make(
       }).pipe(Effect.provide(NodeCommandExecutor.layer))
     )
 ).pipe(
-  Command.withDescription("build a golden image from Debian packages and the npm registry, and register it")
+  Command.withDescription(
+    "build a golden image from Debian packages and the npm registry, and register it. Example: abox image build --variant full"
+  )
 )
 
 const list = Command.make("list", { json }, (args) =>
@@ -76,7 +78,7 @@ const list = Command.make("list", { json }, (args) =>
       for (const problem of problems) yield* Console.error(`abox: skipped ${problem}`)
     })
   )
-).pipe(Command.withDescription("list registered golden images"))
+).pipe(Command.withDescription("list registered golden images. Example: abox image list --json"))
 
 const rm = Command.make(
   "rm",
@@ -98,7 +100,7 @@ const rm = Command.make(
           )
       })
     )
-).pipe(Command.withDescription("remove a golden image (never a session)"))
+).pipe(Command.withDescription("remove a golden image (never a session). Example: abox image rm abox@3f2a…"))
 
 export const image = Command.make("image").pipe(
   Command.withDescription("golden images: build, list, rm"),

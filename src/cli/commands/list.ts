@@ -77,6 +77,6 @@ export const list = Command.make("list", { json }, (args) =>
   )
 ).pipe(
   Command.withDescription(
-    "list sessions with status (RUNNING/STOPPED), disk usage and last close; corrupt ones with the reason"
+    "list sessions with status (RUNNING/STOPPED), disk usage and last close; corrupt ones with the reason. Example: abox list --json"
   )
 )

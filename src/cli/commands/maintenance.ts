@@ -151,7 +151,11 @@ export const logs = Command.make(
         yield* follow(file).pipe(Stream.runForEach(write), Effect.raceFirst(untilStopped(dir, id)))
       })
     )
-).pipe(Command.withDescription("print a session's guest console (console.log), or its broker log"))
+).pipe(
+  Command.withDescription(
+    "print a session's guest console (console.log), or its broker log. Example: abox logs proj -f"
+  )
+)
 
 export const gcCommand = Command.make(
   "gc",
@@ -177,7 +181,7 @@ export const gcCommand = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "clean what a crash left: stale sockets, temp files, names of missing sessions, VMs whose session is gone (never a session)"
+    "clean what a crash left: stale sockets, temp files, names of missing sessions, VMs whose session is gone (never a session). Example: abox gc --dry-run"
   )
 )
 
@@ -194,5 +198,7 @@ export const doctorCommand = Command.make("doctor", { json }, (args) =>
     })
   )
 ).pipe(
-  Command.withDescription("check this host: VMM and accelerator, default image, free space, secret scrubber")
+  Command.withDescription(
+    "check this host: VMM and accelerator, default image, broker policy, free space, secret scrubber. Example: abox doctor"
+  )
 )

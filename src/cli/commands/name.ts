@@ -27,4 +27,8 @@ export const name = Command.make(
         else yield* Console.log(`${binding.name} → ${binding.sessionId}`)
       })
     )
-).pipe(Command.withDescription("give a session a name (seed 001: one names/<name>.json per name)"))
+).pipe(
+  Command.withDescription(
+    "give a session a name, usable wherever an id is (a name cannot look like a session id). Example: abox name 01jq… api-work"
+  )
+)

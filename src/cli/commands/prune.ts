@@ -66,6 +66,6 @@ export const prune = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "remove stopped sessions (all, or those last used before --older-than); asks first; running sessions are kept"
+    "remove stopped sessions (all, or those last used before --older-than); asks first; running sessions are kept. Example: abox prune --older-than 7d --dry-run"
   )
 )

@@ -83,6 +83,6 @@ export const rm = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "delete sessions (their directories and names) or dangling names; asks first (--yes when not on a terminal); refuses a running session"
+    "delete sessions (their directories and names) or dangling names; asks first (--yes when not on a terminal); refuses a running session. Example: abox rm proj 01jq…"
   )
 )

@@ -204,7 +204,7 @@ export const run = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "open a session on <dir>, run one turn, close; exits with the turn's status (the session stays unless --rm)"
+    "open a session on <dir>, run one turn, close; exits with the turn's status (the session stays unless --rm). Example: abox run --rm ./my-repo -- make test"
   )
 )
 
@@ -226,7 +226,7 @@ export const openCommand = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes)"
+    "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes). Example: abox open ./my-repo --name proj"
   )
 )
 
@@ -252,4 +252,8 @@ export const resumeCommand = Command.make(
         )
       )
     )
-).pipe(Command.withDescription("boot an existing session again: interactive, or one turn after --"))
+).pipe(
+  Command.withDescription(
+    "boot an existing session again: interactive, or one turn after --. Example: abox resume proj -- git status"
+  )
+)

@@ -65,4 +65,8 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       )
     })
   )
-).pipe(Command.withDescription("show one session's metadata"))
+).pipe(
+  Command.withDescription(
+    "show one session's metadata, status and disk usage. Example: abox show proj --json"
+  )
+)
