@@ -45,7 +45,7 @@ const smallRepo = (ctx: BenchContext) => {
   return repo
 }
 
-const layerFor = (home: string, fake: boolean) =>
+export const layerFor = (home: string, fake: boolean) =>
   Layer.mergeAll(
     SessionStoreLive,
     RuntimeLockLive,

@@ -5,7 +5,9 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
+import { detachedExec } from "./detached.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
+import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
@@ -19,6 +21,7 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["brokerDownload", brokerDownload],
   ["brokerDownloadPassthrough", brokerDownloadPassthrough],
   ["brokerRequests", brokerRequests],
+  ["brokerLogBurst", brokerLogBurst],
   ["turnRoundTrip", turnRoundTrip],
   ["muxRoundTrip", muxRoundTrip],
   ["transfer50MB", transfer50MB],
@@ -28,7 +31,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["lifecycleRun", lifecycleRun],
   ["lifecycleTurn", lifecycleTurn],
   ["transferTree50MB", transferTree50MB],
-  ["lifecycleRss", lifecycleRss]
+  ["lifecycleRss", lifecycleRss],
+  ["detachedExec", detachedExec]
 ]
 
 const only = process.argv.slice(2)

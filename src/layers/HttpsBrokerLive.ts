@@ -18,10 +18,17 @@ import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import { makeSessionCa } from "../lib/broker/ca.js"
 import { channelDuplex } from "../lib/broker/channel.js"
-import { BROKER_LOG_FILE, type BrokerLogEntry, openBrokerLog } from "../lib/broker/log.js"
+import { readClientHello } from "../lib/broker/clientHello.js"
+import {
+  BROKER_LOG_FILE,
+  type BrokerLogEntry,
+  type BrokerLogOptions,
+  openBrokerLog
+} from "../lib/broker/log.js"
 import {
   type BrokerPolicy,
   checkResolved,
+  credentialHeaderValue,
   type CredentialRule,
   decide,
   decodePolicyJson
@@ -54,6 +61,8 @@ export interface HttpsBrokerOptions {
   readonly idleTimeout?: Duration.DurationInput
   /** bound on name resolution plus the TCP connect (default 10 s) */
   readonly dialTimeout?: Duration.DurationInput
+  /** broker.log's bounds: queue, rotation, field lengths, denial rate limit */
+  readonly log?: BrokerLogOptions
 }
 
 const defaultResolve = async (host: string): Promise<ReadonlyArray<string>> => {
@@ -99,10 +108,6 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
     const fs = yield* FileSystem.FileSystem
     const resolveName = options.resolve ?? defaultResolve
     const dialAddress = options.dial ?? defaultDial
-    const upstreamCa =
-      options.extraUpstreamCa === undefined
-        ? undefined
-        : [...tls.rootCertificates, ...options.extraUpstreamCa]
     const maxTunnels = options.maxTunnels ?? 64
     const maxHeaderBytes = options.maxHeaderBytes ?? 64 * 1024
     const headTimeoutMs = Duration.toMillis(options.headTimeout ?? "30 seconds")
@@ -127,12 +132,22 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         Effect.map((secret) =>
           secret === undefined || secret === "" || /[\r\n]/.test(secret)
             ? undefined
-            : rule.format === undefined
-              ? secret
-              : rule.format.replaceAll("{}", secret)
+            : credentialHeaderValue(rule, secret)
         )
       )
     }
+
+    /** the host's NODE_EXTRA_CA_CERTS, which node drops as soon as a `ca` list is given */
+    const hostExtraCas = Effect.gen(function* () {
+      const file = process.env["NODE_EXTRA_CA_CERTS"]
+      if (file === undefined || file === "") return []
+      return yield* fs.readFileString(file).pipe(
+        Effect.map((pem) => [pem]),
+        Effect.catchAll((error) =>
+          Effect.as(Effect.logWarning(`NODE_EXTRA_CA_CERTS ${file} unreadable`, error.message), [])
+        )
+      )
+    })
 
     const make = Effect.fn("HttpsBroker.make")(function* (policy: BrokerPolicy, session: BrokerSessionInfo) {
       const ca = yield* Effect.tryPromise({
@@ -140,8 +155,28 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         catch: (cause) =>
           new BrokerError({ reason: "ca", message: `could not make the session CA: ${String(cause)}` })
       })
+      // CAs trusted upstream: the system's (which for node include NODE_EXTRA_CA_CERTS) unless the
+      // policy or the caller adds some; then the list is spelled out, the host's extra CAs kept
+      const policyCas = yield* Effect.forEach(policy.upstreamCaFiles ?? [], (file) =>
+        fs.readFileString(expandHome(file)).pipe(
+          Effect.filterOrFail(
+            (pem) => pem.includes("-----BEGIN CERTIFICATE-----"),
+            () => new Error("no PEM certificate in it")
+          ),
+          Effect.mapError(
+            (cause) =>
+              new BrokerError({
+                reason: "ca",
+                message: `cannot read the upstream CA file ${file} (policy upstreamCaFiles): ${cause.message}`
+              })
+          )
+        )
+      )
+      const extraCas = [...(options.extraUpstreamCa ?? []), ...policyCas]
+      const upstreamCa =
+        extraCas.length === 0 ? undefined : [...tls.rootCertificates, ...(yield* hostExtraCas), ...extraCas]
       const logPath = path.join(session.sessionDir, BROKER_LOG_FILE)
-      const writeLog = yield* openBrokerLog(logPath).pipe(
+      const brokerLog = yield* openBrokerLog(logPath, options.log).pipe(
         Effect.provideService(FileSystem.FileSystem, fs),
         Effect.mapError(
           (cause) =>
@@ -163,6 +198,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
       const fibers = yield* FiberSet.make()
       const runtime = yield* Effect.runtime<never>()
 
+      const writeLog = brokerLog.write
       const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) =>
         Ref.get(turn).pipe(
           Effect.flatMap((t) =>
@@ -174,12 +210,13 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         const started = Date.now()
         // every line of a tunnel carries the turn it was opened in
         const openedIn = yield* Ref.get(turn)
-        const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) =>
-          writeLog({
-            time: new Date().toISOString(),
-            ...(openedIn === undefined ? {} : { turn: openedIn }),
-            ...entry
-          })
+        const stamp = (entry: Omit<BrokerLogEntry, "time" | "turn">): BrokerLogEntry => ({
+          time: new Date().toISOString(),
+          ...(openedIn === undefined ? {} : { turn: openedIn }),
+          ...entry
+        })
+        const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) => writeLog(stamp(entry))
+        const enqueue = (entry: Omit<BrokerLogEntry, "time" | "turn">) => brokerLog.enqueue(stamp(entry))
         const base = { channel: request.channel, host: request.host, port: request.port }
         const refuse = (reason: string) =>
           Effect.zipRight(
@@ -192,8 +229,10 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
 
         // resolve once, check, and dial exactly the checked address (no second lookup)
         let address: string
+        let dialPort = request.port
         if (decision.pinned !== undefined) {
-          address = decision.pinned
+          address = decision.pinned.address
+          dialPort = decision.pinned.port ?? request.port
         } else {
           const answer = yield* Effect.tryPromise(() => resolveName(decision.host)).pipe(
             Effect.timeout(dialTimeout),
@@ -204,7 +243,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           if (!checked.ok) return yield* refuse(checked.reason)
           address = checked.address
         }
-        const dial = () => dialAddress(address, request.port)
+        const dial = () => dialAddress(address, dialPort)
         const mode = decision.credential === undefined ? ("passthrough" as const) : ("terminate" as const)
 
         // passthrough: connect first, accept only once the host is reachable
@@ -224,6 +263,8 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         }
 
         let closeReason: string | undefined
+        /** requests on this tunnel that carried the credential upstream */
+        const injected = { count: 0 }
         const counted: { current?: { readonly bytesUp: () => number; readonly bytesDown: () => number } } = {}
         // accept and its "open" line, then (however the tunnel ends: either side, or the session
         // closing) the channel closed exactly once and the "close" line with the totals
@@ -247,7 +288,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
                 decision: "allow",
                 address,
                 mode,
-                credential: mode === "terminate"
+                credential: false
               })
             ),
             Effect.tapError(() =>
@@ -277,7 +318,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
                         : {}),
                     address,
                     mode,
-                    credential: mode === "terminate",
+                    credential: injected.count > 0,
                     bytesUp: counted.current?.bytesUp() ?? 0,
                     bytesDown: counted.current?.bytesDown() ?? 0,
                     durationMs: Date.now() - started
@@ -290,6 +331,23 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
 
         if (upstream !== undefined) {
           const up = upstream
+          // nothing goes upstream before the ClientHello names the tunnel's host (no fronting)
+          const hello = yield* Effect.promise(() =>
+            readClientHello(guest.duplex, decision.host, { timeoutMs: headTimeoutMs })
+          )
+          if (!hello.ok) {
+            closeReason = hello.reason
+            if (hello.reason !== "closed-before-hello")
+              yield* log({
+                ...base,
+                event: "request",
+                decision: "deny",
+                reason: hello.reason,
+                credential: false
+              })
+            return
+          }
+          up.write(hello.head)
           ;(up as Partial<net.Socket>).setTimeout?.(idleTimeoutMs, () => {
             closeReason = "idle-timeout"
             up.destroy()
@@ -303,8 +361,6 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           yield* guest.closed
         } else {
           const rule = decision.credential!
-          const requests = { count: 0 }
-          const runLog = Runtime.runFork(runtime)
           yield* Effect.promise(() =>
             terminateTunnel(guest.duplex, {
               host: decision.host,
@@ -326,22 +382,21 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
               headTimeoutMs,
               idleTimeoutMs,
               onRequest: (record) => {
-                requests.count++
-                runLog(
-                  log({
-                    ...base,
-                    event: "request",
-                    decision: record.decision,
-                    ...(record.reason === undefined ? {} : { reason: record.reason }),
-                    credential: record.credential,
-                    method: record.method,
-                    ...(record.status === undefined ? {} : { status: record.status })
-                  })
-                )
+                if (record.credential) injected.count++
+                enqueue({
+                  ...base,
+                  event: "request",
+                  decision: record.decision,
+                  ...(record.reason === undefined ? {} : { reason: record.reason }),
+                  credential: record.credential,
+                  method: record.method,
+                  ...(record.status === undefined ? {} : { status: record.status }),
+                  ...(record.droppedHeaders === undefined ? {} : { droppedHeaders: record.droppedHeaders })
+                })
               },
               onDeny: (reason) => {
                 closeReason = reason
-                runLog(log({ ...base, event: "request", decision: "deny", reason, credential: false }))
+                enqueue({ ...base, event: "request", decision: "deny", reason, credential: false })
               }
             })
           )

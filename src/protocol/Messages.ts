@@ -63,6 +63,15 @@ export const Shutdown = msg("shutdown", {})
 export const TunnelAccept = msg("tunnel_accept", { channel: Schema.Number })
 export const TunnelDeny = msg("tunnel_deny", { channel: Schema.Number, reason: Schema.String })
 
+// port forwards (host-opened, even channel ids): the guest connects to 127.0.0.1:<port> in the
+// guest and answers forward_accept, or `error` (code forward_refused) naming the channel;
+// either side ends one with tunnel_close
+export const ForwardOpen = msg("forward_open", {
+  channel: Schema.Number,
+  port: Schema.Int.pipe(Schema.between(1, 65535))
+})
+export const ForwardAccept = msg("forward_accept", { channel: Schema.Number })
+
 // either way
 export const TunnelClose = msg("tunnel_close", { channel: Schema.Number })
 export const ErrorMsg = msg("error", {
@@ -86,7 +95,9 @@ export const ControlMessage = Schema.Union(
   TunnelAccept,
   TunnelDeny,
   TunnelClose,
-  ErrorMsg
+  ErrorMsg,
+  ForwardOpen,
+  ForwardAccept
 )
 export type ControlMessage = typeof ControlMessage.Type
 export type HelloMessage = typeof Hello.Type

@@ -512,7 +512,7 @@ export class Mux {
 
   /** control messages that open or close channels, in either direction */
   private noteOutgoing(message: ControlMessage): void {
-    if (message.type === "transfer_begin") this.open(message.channel)
+    if (message.type === "transfer_begin" || message.type === "forward_open") this.open(message.channel)
     else if (message.type === "tunnel_deny" || message.type === "tunnel_close") {
       const channel = this.channels.get(message.channel)
       if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed`)
@@ -526,7 +526,8 @@ export class Mux {
         if (message.window !== undefined) this.peerWindow = message.window
         return undefined
       case "transfer_begin":
-      case "tunnel_open": {
+      case "tunnel_open":
+      case "forward_open": {
         const id = message.channel
         if (!Number.isInteger(id) || id < 1 || id > MAX_CHANNEL_ID) {
           return new MuxError(`${message.type} names channel ${id}, not a data channel`)

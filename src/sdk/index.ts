@@ -16,11 +16,15 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import type * as Layer from "effect/Layer"
 import * as ManagedRuntime from "effect/ManagedRuntime"
+import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as path from "node:path"
 import { AboxLive } from "../layers/Main.js"
+import * as Detached from "../programs/detached.js"
 import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
+import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
@@ -118,10 +122,45 @@ export interface SessionHandle extends AsyncDisposable {
   readonly closed: boolean
 }
 
+/** a turn's stream as an async iterable; leaving the loop early interrupts the stream (cancels the turn) */
+const iterableOf = (
+  make: () => Stream.Stream<TurnEvent, unknown, AboxContext>
+): AsyncIterable<TurnEvent> => ({
+  [Symbol.asyncIterator]: () => {
+    let iterator: AsyncIterator<TurnEvent> | undefined
+    const start = async () =>
+      (iterator ??= Stream.toAsyncIterableRuntime(make(), await (await getRuntime()).runtime())[
+        Symbol.asyncIterator
+      ]())
+    return {
+      next: async () => (await start()).next(),
+      return: async (value?: unknown) => {
+        const it = await start()
+        return it.return ? it.return(value) : { done: true, value: undefined }
+      }
+    }
+  }
+})
+
+/** a whole turn, collected */
+const collectTurn = async (events: AsyncIterable<TurnEvent>): Promise<TurnOutcome> => {
+  const all: Array<TurnEvent> = []
+  let stdout = ""
+  let stderr = ""
+  for await (const event of events) {
+    all.push(event)
+    if (event._tag === "Event" && event.event.kind === "stdout") stdout += event.event.data
+    if (event._tag === "Event" && event.event.kind === "stderr") stderr += event.event.data
+  }
+  const end = all.at(-1)
+  return end !== undefined && end._tag === "End"
+    ? { exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled, stdout, stderr, events: all }
+    : { exitCode: null, signal: null, cancelled: true, stdout, stderr, events: all }
+}
+
 const handleFor = async (
   acquire: Effect.Effect<Programs.Session, unknown, AboxContext | Scope.Scope>
 ): Promise<SessionHandle> => {
-  const rt = await getRuntime()
   const scope = await run(Scope.make())
   let session: Programs.Session
   try {
@@ -132,22 +171,7 @@ const handleFor = async (
   }
   let closing: Promise<void> | undefined
   const close = () => (closing ??= run(Scope.close(scope, Exit.void)))
-  const iterate = (text: string): AsyncIterable<TurnEvent> => ({
-    [Symbol.asyncIterator]: () => {
-      let iterator: AsyncIterator<TurnEvent> | undefined
-      const start = async () =>
-        (iterator ??= Stream.toAsyncIterableRuntime(session.turn(text), await rt.runtime())[
-          Symbol.asyncIterator
-        ]())
-      return {
-        next: async () => (await start()).next(),
-        return: async (value?: unknown) => {
-          const it = await start()
-          return it.return ? it.return(value) : { done: true, value: undefined }
-        }
-      }
-    }
-  })
+  const iterate = (text: string): AsyncIterable<TurnEvent> => iterableOf(() => session.turn(text))
   const handle: SessionHandle = {
     id: session.id,
     dir: session.dir,
@@ -155,20 +179,7 @@ const handleFor = async (
     hello: session.hello,
     skipped: session.skipped,
     turn: iterate,
-    run: async (text) => {
-      const events: Array<TurnEvent> = []
-      let stdout = ""
-      let stderr = ""
-      for await (const event of iterate(text)) {
-        events.push(event)
-        if (event._tag === "Event" && event.event.kind === "stdout") stdout += event.event.data
-        if (event._tag === "Event" && event.event.kind === "stderr") stderr += event.event.data
-      }
-      const end = events.at(-1)
-      return end !== undefined && end._tag === "End"
-        ? { exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled, stdout, stderr, events }
-        : { exitCode: null, signal: null, cancelled: true, stdout, stderr, events }
-    },
+    run: (text) => collectTurn(iterate(text)),
     close,
     get closed() {
       return closing !== undefined
@@ -197,16 +208,76 @@ export const list = (): Promise<ReadonlyArray<SessionListing>> =>
  */
 export const remove = (ref: string): Promise<void> => run(Effect.asVoid(Remove.remove([ref])))
 
+// ---- detached sessions: served by a supervisor process (docs/detached.md) ----
+
+export type { StatusReply as SupervisorStatus } from "../protocol/Control.js"
+export { SessionNotRunning, ControlError, ControlRefused }
+
+/**
+ * A handle on a session that a supervisor (another process, `abox start` or
+ * `SessionManager.start(…, { detached: true })`) holds: turns go over its control socket;
+ * `close()` only disconnects this handle (the session keeps running; `SessionManager.stop` or
+ * `abox stop` closes it). Undefined when nobody serves the session.
+ */
+export const attachTo = async (ref: string): Promise<SessionHandle | undefined> => {
+  const status = await run(Detached.statusIfRunning(ref))
+  if (Option.isNone(status)) return undefined
+  const id = status.value.sessionId
+  const { meta, dir } = await run(
+    Effect.flatMap(SessionStore, (store) =>
+      Effect.map(store.get(id), (meta) => ({ meta, dir: store.dir(id) }))
+    )
+  )
+  let closed = false
+  const turn = (text: string) => {
+    if (closed) throw new Error(`session handle ${id} is closed`)
+    return iterableOf(() => Detached.remoteTurn(id, text))
+  }
+  const close = async () => {
+    closed = true
+  }
+  return {
+    id,
+    dir,
+    meta,
+    hello: status.value.hello,
+    skipped: [],
+    turn,
+    run: (text) => collectTurn(turn(text)),
+    close,
+    get closed() {
+      return closed
+    },
+    [Symbol.asyncDispose]: close
+  }
+}
+
+/** stop a detached session (its supervisor runs Close and exits); false if nobody served it */
+export const stopDetached = async (ref: string): Promise<boolean> => {
+  const status = await run(Detached.statusIfRunning(ref))
+  if (Option.isNone(status)) return false
+  await run(Detached.stop(ref))
+  return true
+}
+
 // ---- seed 001: sessions by name ----
 
 export interface StartOptions extends Omit<Programs.OpenOptions, "name"> {
   /** close the session after this many seconds without a turn (default: never) */
   readonly timeout?: number | undefined
+  /**
+   * run the session under a supervisor process of its own (as `abox start`): it outlives this
+   * process, and any process connects to it by name. Takes source, image, model, cpus,
+   * memoryMiB, agent and timeout; the broker policy is the default one ($ABOX_HOME/broker.json).
+   */
+  readonly detached?: boolean | undefined
 }
 
 export interface NamedSession extends NameBinding {
-  /** open in this manager right now */
+  /** open in this manager, or served by a supervisor, right now */
   readonly running: boolean
+  /** the supervisor's pid when a supervisor (any process's) serves the session */
+  readonly supervisorPid?: number | undefined
 }
 
 /**
@@ -218,7 +289,8 @@ export class SessionManager {
   readonly #open = new Map<string, { readonly handle: SessionHandle; readonly touch: () => void }>()
 
   async start(name: string, options: StartOptions): Promise<SessionHandle> {
-    const { timeout, ...openOptions } = options
+    if (options.detached === true) return this.#startDetached(name, options)
+    const { timeout, detached: _detached, ...openOptions } = options
     return await this.#track(name, await open({ ...openOptions, name }), timeout)
   }
 
@@ -231,24 +303,55 @@ export class SessionManager {
       held.touch()
       return held.handle
     }
+    // a session another process started detached: reach it through its supervisor
+    const remote = await attachTo(name)
+    if (remote !== undefined) return remote
     const { timeout, ...bootOptions } = options
     return await this.#track(name, await resume(name, bootOptions), timeout)
   }
 
-  async list(): Promise<ReadonlyArray<NamedSession>> {
-    const names = await run(Effect.flatMap(SessionStore, (store) => store.listNames()))
-    return names.map((binding) => ({
-      ...binding,
-      running: this.#open.get(binding.name)?.handle.closed === false
-    }))
+  async #startDetached(name: string, options: StartOptions): Promise<SessionHandle> {
+    await run(
+      Detached.startDetached({
+        open: { source: path.resolve(options.source), name, image: options.image },
+        model: options.model,
+        cpus: options.cpus,
+        memoryMiB: options.memoryMiB,
+        agent: options.agent,
+        idleTimeoutMs:
+          options.timeout !== undefined ? Math.max(1, Math.round(options.timeout * 1000)) : undefined
+      })
+    )
+    const handle = await attachTo(name)
+    if (handle === undefined)
+      throw new SessionNotRunning({
+        sessionId: name,
+        message: `session ${name} stopped as soon as it started`
+      })
+    return handle
   }
 
-  /** close the named session if this manager has it open; false if it was not running here */
+  async list(): Promise<ReadonlyArray<NamedSession>> {
+    const names = await run(Effect.flatMap(SessionStore, (store) => store.listNames()))
+    const supervisors = await run(
+      Effect.forEach(names, (binding) => Detached.statusIfRunning(binding.sessionId), { concurrency: 8 })
+    )
+    return names.map((binding, i) => {
+      const supervisor = Option.getOrUndefined(supervisors[i] ?? Option.none())
+      return {
+        ...binding,
+        running: this.#open.get(binding.name)?.handle.closed === false || supervisor !== undefined,
+        ...(supervisor !== undefined ? { supervisorPid: supervisor.pid } : {})
+      }
+    })
+  }
+
+  /** close the named session: the one this manager has open, else a detached one (any process's); false if not running */
   async stop(name: string): Promise<boolean> {
     await run(Effect.flatMap(SessionStore, (store) => store.lookupName(name)))
     const held = this.#open.get(name)
     this.#open.delete(name)
-    if (held === undefined || held.handle.closed) return false
+    if (held === undefined || held.handle.closed) return stopDetached(name)
     await held.handle.close()
     return true
   }

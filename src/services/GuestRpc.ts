@@ -39,6 +39,20 @@ export class TransferFailed extends Schema.TaggedError<TransferFailed>()("Transf
   message: Schema.String
 }) {}
 
+/** the guest could not connect a port forward to 127.0.0.1:<port> in the guest */
+export class ForwardRefused extends Schema.TaggedError<ForwardRefused>()("ForwardRefused", {
+  port: Schema.Number,
+  message: Schema.String
+}) {}
+
+/** a port forward's byte stream (a protocol channel to 127.0.0.1:<port> in the guest) */
+export interface ForwardChannel {
+  readonly read: Stream.Stream<Uint8Array, GuestDisconnected>
+  readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>
+  /** no more bytes from this side (the guest's socket gets an EOF) */
+  readonly end: Effect.Effect<void, GuestDisconnected>
+}
+
 export type GuestRpcError = GuestTooOld | GuestTooNew | ProtocolError | GuestTimeout | GuestDisconnected
 
 export interface TurnResult {
@@ -81,6 +95,8 @@ export interface GuestConnection {
   readonly shutdown: Effect.Effect<void, GuestRpcError>
   /** tunnels the guest opens (broker); each must be accepted or denied */
   readonly tunnels: Stream.Stream<TunnelRequest>
+  /** a byte stream to 127.0.0.1:<port> in the guest (protocol `forward_open`); closed with the scope */
+  readonly forward: (port: number) => Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope>
 }
 
 export interface GuestRpcOptions {

@@ -96,12 +96,18 @@ export interface UpstreamRequest {
   readonly method: string
   readonly url: string
   readonly headers: Readonly<Record<string, string | ReadonlyArray<string> | undefined>>
+  /** the request body as received so far (latin1) */
+  body: string
+  /** which upstream connection carried it (the client's port) */
+  readonly connection: number
 }
 
 /**
- * An HTTPS server on 127.0.0.1 for `name`, with a certificate from its own test CA. Routes:
- * `/hello` → "hello from upstream"; `/bytes?n=N` → N bytes; anything else → 404. Records every
- * request (headers included) for assertions; never echoes a header back.
+ * An HTTPS server on 127.0.0.1 for `name`, with a certificate from its own test CA, keep-alive,
+ * answering whatever Host a request names (virtual hosts: a smuggled request for another name is
+ * recorded under that name). Routes: `/hello` → "hello from upstream"; `/bytes?n=N` → N bytes;
+ * anything else → 404. Records every request (headers and body) for assertions; never echoes a
+ * header back.
  */
 export const startUpstream = async (name: string) => {
   const ca = await makeSessionCa({ commonName: "abox test upstream CA" })
@@ -109,9 +115,16 @@ export const startUpstream = async (name: string) => {
   const seen: Array<UpstreamRequest> = []
   const chunk = Buffer.alloc(64 * 1024, 0x61)
   const server = https.createServer({ cert: leaf.certPem, key: leaf.keyPem, keepAlive: true }, (req, res) => {
-    seen.push({ method: req.method ?? "", url: req.url ?? "", headers: { ...req.headers } })
+    const record: UpstreamRequest = {
+      method: req.method ?? "",
+      url: req.url ?? "",
+      headers: { ...req.headers },
+      body: "",
+      connection: req.socket.remotePort ?? 0
+    }
+    seen.push(record)
     const url = new URL(req.url ?? "/", "https://upstream")
-    req.resume()
+    req.on("data", (chunk: Buffer) => (record.body += chunk.toString("latin1")))
     if (url.pathname === "/hello") {
       res.writeHead(200, { "content-type": "text/plain" })
       res.end("hello from upstream\n")
@@ -177,3 +190,19 @@ export const connectThroughProxy = (proxyPort: number, target: string) =>
       }, reject)
     }
   )
+
+/**
+ * The first bytes node's TLS client sends for `servername` (undefined: no SNI): a real
+ * ClientHello, captured on an in-memory pair and never answered.
+ */
+export const clientHelloBytes = async (servername: string | undefined): Promise<Buffer> => {
+  const tls = await import("node:tls")
+  const [a, b] = duplexPair()
+  const first = new Promise<Buffer>((resolve) => b.once("data", (chunk: Buffer) => resolve(chunk)))
+  const socket = tls.connect({ socket: a, servername: servername ?? "", rejectUnauthorized: false })
+  socket.on("error", () => undefined)
+  const bytes = await first
+  socket.destroy()
+  b.destroy()
+  return bytes
+}

@@ -2,8 +2,11 @@ import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
 import { formatBytes } from "../../lib/diskUsage.js"
+import { statusIfRunning } from "../../programs/detached.js"
 import { listSessions, type ListedSession } from "../../programs/list.js"
+import type { StatusReply } from "../../protocol/Control.js"
 import type { NameBinding } from "../../services/SessionStore.js"
 import { edge, errorJson, printJson } from "../render.js"
 
@@ -62,16 +65,56 @@ const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
     .join("\n")
 }
 
+/** a detached session's supervisor as `list` shows it (null: nobody serves the session) */
+const supervisorJson = (status: StatusReply, now: number) => ({
+  pid: status.pid,
+  started: status.started,
+  uptimeSeconds: Math.max(0, Math.round((now - Date.parse(status.started)) / 1000)),
+  clients: status.clients - 1,
+  turn: status.turn
+})
+
+const uptime = (seconds: number) =>
+  seconds < 60
+    ? `${seconds}s`
+    : seconds < 3600
+      ? `${Math.floor(seconds / 60)}m${String(seconds % 60).padStart(2, "0")}s`
+      : `${Math.floor(seconds / 3600)}h${String(Math.floor((seconds % 3600) / 60)).padStart(2, "0")}m`
+
+const supervisorText = (s: ReturnType<typeof supervisorJson>) =>
+  `  running: pid ${s.pid}, up ${uptime(s.uptimeSeconds)}, ${s.clients} client${s.clients === 1 ? "" : "s"}${s.turn !== null ? `, turn ${s.turn} running` : ""}`
+
 export const list = Command.make("list", { json }, (args) =>
   edge({ json: args.json })(
     Effect.gen(function* () {
       const rows = yield* listSessions()
+      // detached sessions: ask each session's control socket (no socket: not running, at once)
+      const supervisors = yield* Effect.forEach(
+        rows,
+        (row) =>
+          row._tag === "Ok" && !row.legacy
+            ? statusIfRunning(row.id)
+            : Effect.succeed(Option.none<StatusReply>()),
+        { concurrency: 8 }
+      )
+      const now = Date.now()
+      const supervisorOf = (i: number) =>
+        Option.getOrNull(Option.map(supervisors[i] ?? Option.none(), (s) => supervisorJson(s, now)))
       if (args.json) {
-        yield* printJson({ sessions: rows.map((row) => rowJson(row)) })
+        yield* printJson({
+          sessions: rows.map((row, i) => ({ ...rowJson(row), supervisor: supervisorOf(i) }))
+        })
       } else if (rows.length === 0) {
         yield* Console.log("no sessions")
       } else {
-        yield* Console.log(table([HEADER, ...rows.map((row) => rowCells(row))]))
+        const cells = rows.map((row, i) => {
+          const supervisor = supervisorOf(i)
+          const row_ = rowCells(row)
+          return supervisor === null
+            ? row_
+            : [...row_.slice(0, -1), row_.at(-1)! + supervisorText(supervisor)]
+        })
+        yield* Console.log(table([HEADER, ...cells]))
       }
     })
   )

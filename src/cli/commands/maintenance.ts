@@ -7,7 +7,7 @@ import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { StringDecoder } from "node:string_decoder"
-import { BROKER_LOG_FILE, formatBrokerLog, readBrokerLog } from "../../lib/broker/log.js"
+import { BROKER_LOG_FILE, streamBrokerLog } from "../../lib/broker/log.js"
 import { stripTerminalControls, terminalTextStripper } from "../../lib/terminalText.js"
 import { doctor } from "../../programs/doctor.js"
 import { sessionStatus } from "../../programs/list.js"
@@ -104,17 +104,15 @@ export const logs = Command.make(
         const id = yield* store.resolve(args.ref)
         const dir = store.dir(id)
         if (args.broker) {
+          // streamed (the log may be large) and escaped (host names are the guest's choice)
           const logFile = path.join(dir, BROKER_LOG_FILE)
-          const read = yield* readBrokerLog(logFile).pipe(
+          const printed = yield* streamBrokerLog(logFile).pipe(
+            Stream.runFoldEffect(0, (n, line) => Effect.as(Console.log(line), n + 1)),
             Effect.mapError(
               (error) => new StoreIoError({ path: logFile, operation: "read", message: error.message })
             )
           )
-          yield* Console.log(
-            read.entries.length === 0 && read.badLines.length === 0
-              ? "(no broker decisions yet)"
-              : formatBrokerLog(read)
-          )
+          if (printed === 0) yield* Console.log("(no broker decisions yet)")
           return
         }
         const file = sessionFiles(dir).consoleLog

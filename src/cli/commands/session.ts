@@ -23,6 +23,7 @@ import { holdingSession } from "../runMain.js"
 import { printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
+import { startSession } from "./detached.js"
 
 const name = Options.text("name").pipe(
   Options.optional,
@@ -66,7 +67,7 @@ interface BootArgs {
 }
 
 /** the flags open, run and resume share, applied in this one place */
-const bootOptions = (args: BootArgs, onPhase: BootOptions["onPhase"]) =>
+export const bootOptions = (args: BootArgs, onPhase?: BootOptions["onPhase"]) =>
   Effect.gen(function* () {
     const broker = yield* HttpsBroker
     const policy = Option.isSome(args.policy) ? yield* broker.loadPolicy(args.policy.value) : undefined
@@ -210,20 +211,34 @@ export const run = Command.make(
 
 export const openCommand = Command.make(
   "open",
-  { source, name, model, image, cpus, memory, agent, policy },
-  (args) =>
-    edge({ json: false })(
-      holdingSession(
-        Effect.scoped(
-          Effect.gen(function* () {
-            const session = yield* openFromArgs(args, stepDisplay(true))
-            for (const skipped of session.skipped)
-              yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-            yield* interactive(session)
-          })
-        )
-      )
+  {
+    source,
+    name,
+    model,
+    image,
+    cpus,
+    memory,
+    agent,
+    policy,
+    detach: Options.boolean("detach").pipe(
+      Options.withDescription("start the session in the background instead (as abox start; docs/detached.md)")
     )
+  },
+  (args) =>
+    args.detach
+      ? edge({ json: false })(startSession(args.source, { ...args, idleTimeout: Option.none(), json: false }))
+      : edge({ json: false })(
+          holdingSession(
+            Effect.scoped(
+              Effect.gen(function* () {
+                const session = yield* openFromArgs(args, stepDisplay(true))
+                for (const skipped of session.skipped)
+                  yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+                yield* interactive(session)
+              })
+            )
+          )
+        )
 ).pipe(
   Command.withDescription(
     "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes). Example: abox open ./my-repo --name proj"

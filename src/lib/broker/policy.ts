@@ -25,38 +25,203 @@ export type AllowRule = typeof AllowRule.Type
 const HeaderFormat = Schema.String.pipe(Schema.filter((s) => s.includes("{}") || "format must contain {}"))
 const HeaderName = Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/))
 
+const EnvName = Schema.String.pipe(Schema.pattern(/^[A-Za-z_][A-Za-z0-9_]*$/))
+/** absolute, or `~/…` (the host user's home) */
+const HostFile = Schema.String.pipe(Schema.minLength(1))
+
+/**
+ * `basicUser`: the header value is `Basic base64(<basicUser>:<value>)` (HTTP basic auth, e.g. git
+ * over HTTPS with a token), applied after `format`.
+ */
+const BasicUser = Schema.String.pipe(
+  Schema.filter((s) => (s.length > 0 && !s.includes(":") && !/[\r\n]/.test(s)) || "a user name without ':'")
+)
+
 export const CredentialRule = Schema.Union(
   Schema.Struct({
     host: HostName,
     header: HeaderName,
-    fromEnv: Schema.String.pipe(Schema.pattern(/^[A-Za-z_][A-Za-z0-9_]*$/)),
-    format: Schema.optional(HeaderFormat)
+    fromEnv: EnvName,
+    format: Schema.optional(HeaderFormat),
+    basicUser: Schema.optional(BasicUser)
   }),
   Schema.Struct({
     host: HostName,
     header: HeaderName,
     /** absolute, or `~/…` (the host user's home); read at request time, trailing newline dropped */
-    fromFile: Schema.String.pipe(Schema.minLength(1)),
-    format: Schema.optional(HeaderFormat)
+    fromFile: HostFile,
+    format: Schema.optional(HeaderFormat),
+    basicUser: Schema.optional(BasicUser)
   })
 )
 export type CredentialRule = typeof CredentialRule.Type
 
+/** the header value for a secret: `format` applied, then basic auth when the rule names a user */
+export const credentialHeaderValue = (rule: CredentialRule, secret: string): string => {
+  const formatted = rule.format === undefined ? secret : rule.format.replaceAll("{}", secret)
+  return rule.basicUser === undefined
+    ? formatted
+    : `Basic ${Buffer.from(`${rule.basicUser}:${formatted}`, "utf8").toString("base64")}`
+}
+
+/** Names of the presets a policy's `credentials` may use instead of spelling hosts and headers. */
+export const PRESET_NAMES = ["anthropic", "openai", "github"] as const
+export type PresetName = (typeof PRESET_NAMES)[number]
+
+/** Where a preset's secret comes from: the host's environment or a host file. */
+export type CredentialSource = { readonly fromEnv: string } | { readonly fromFile: string }
+
+export const PresetRule = Schema.Union(
+  Schema.Struct({ preset: Schema.Literal(...PRESET_NAMES), fromEnv: EnvName }),
+  Schema.Struct({ preset: Schema.Literal(...PRESET_NAMES), fromFile: HostFile })
+)
+export type PresetRule = typeof PresetRule.Type
+
+/** What a preset expands to: the allow rules and the credential rules (in this order). */
+export interface PolicyRules {
+  readonly allow: ReadonlyArray<AllowRule>
+  readonly credentials: ReadonlyArray<CredentialRule>
+}
+
+/**
+ * The rules a preset stands for (docs/broker.md, "Presets"): the API's host on 443, TLS-terminated,
+ * with the header its official clients expect.
+ * - `anthropic`: api.anthropic.com, `x-api-key: <key>`
+ * - `openai`: api.openai.com, `Authorization: Bearer <key>`
+ * - `github`: github.com (git over HTTPS: `Authorization: Basic base64(x-access-token:<token>)`)
+ *   and api.github.com (`Authorization: Bearer <token>`)
+ */
+export const presetRules = (preset: PresetName, source: CredentialSource): PolicyRules => {
+  const from = "fromEnv" in source ? { fromEnv: source.fromEnv } : { fromFile: source.fromFile }
+  const https = (host: string): AllowRule => ({ host, ports: [443] })
+  switch (preset) {
+    case "anthropic":
+      return {
+        allow: [https("api.anthropic.com")],
+        credentials: [{ host: "api.anthropic.com", header: "x-api-key", ...from }]
+      }
+    case "openai":
+      return {
+        allow: [https("api.openai.com")],
+        credentials: [{ host: "api.openai.com", header: "Authorization", format: "Bearer {}", ...from }]
+      }
+    case "github":
+      return {
+        allow: [https("github.com"), https("api.github.com")],
+        credentials: [
+          { host: "github.com", header: "Authorization", basicUser: "x-access-token", ...from },
+          { host: "api.github.com", header: "Authorization", format: "Bearer {}", ...from }
+        ]
+      }
+  }
+}
+
+/**
+ * `policy` with `rules` added: allow rules not already present, credential rules for hosts that
+ * have none yet (a host's first credential rule is the one used).
+ */
+export const withRules = <
+  P extends { readonly allow: ReadonlyArray<AllowRule>; readonly credentials: ReadonlyArray<CredentialRule> }
+>(
+  policy: P,
+  rules: PolicyRules
+): P => {
+  const allow = [...policy.allow]
+  for (const rule of rules.allow) {
+    const same = allow.some(
+      (a) => a.host.toLowerCase() === rule.host.toLowerCase() && rule.ports.every((p) => a.ports.includes(p))
+    )
+    if (!same) allow.push(rule)
+  }
+  const credentials = [...policy.credentials]
+  for (const rule of rules.credentials) {
+    if (!credentials.some((c) => c.host.toLowerCase() === rule.host.toLowerCase())) credentials.push(rule)
+  }
+  return { ...policy, allow, credentials }
+}
+
+/**
+ * `resolve` values: an IP address, or an address and a port (`127.0.0.1:8443`, `[::1]:8443`):
+ * the broker dials that port instead of the one the guest asked for.
+ */
+export const parseResolveTarget = (
+  text: string
+): { readonly address: string; readonly port: number | undefined } | undefined => {
+  const bracketed = /^\[([^\]]+)\](?::(\d{1,5}))?$/.exec(text)
+  const withPort = /^([^:[\]]+):(\d{1,5})$/.exec(text)
+  const [address, port] =
+    bracketed !== null
+      ? [bracketed[1]!, bracketed[2]]
+      : withPort !== null
+        ? [withPort[1]!, withPort[2]]
+        : [text, undefined]
+  if (parseIpLiteral(address) === undefined) return undefined
+  if (port === undefined) return { address, port: undefined }
+  const n = Number(port)
+  return n >= 1 && n <= 65535 ? { address, port: n } : undefined
+}
+
 const ResolveAddress = Schema.String.pipe(
-  Schema.filter((s) => parseIpLiteral(s) !== undefined || `not an IP address: ${JSON.stringify(s)}`)
+  Schema.filter(
+    (s) => parseResolveTarget(s) !== undefined || `not an IP address or address:port: ${JSON.stringify(s)}`
+  )
 )
 
-export const BrokerPolicy = Schema.Struct({
+const policyFields = {
   format: Schema.Literal(BROKER_POLICY_FORMAT),
   allow: Schema.Array(AllowRule),
-  credentials: Schema.optionalWith(Schema.Array(CredentialRule), { default: () => [] }),
   /**
    * Pin names to addresses, like curl's --resolve; the only way a name may reach a loopback or
    * private address (test servers, a local model gateway). Chosen by the host, never the guest.
    */
   resolve: Schema.optionalWith(Schema.Record({ key: HostName, value: ResolveAddress }), {
     default: () => ({})
+  }),
+  /**
+   * PEM files (absolute or `~/…`) of extra CAs trusted for upstream connections, besides the
+   * system's and the host's NODE_EXTRA_CA_CERTS (a test server, an enterprise TLS proxy).
+   */
+  upstreamCaFiles: Schema.optional(Schema.Array(HostFile))
+}
+
+/** The policy as the broker uses it: presets expanded into plain allow and credential rules. */
+const ExpandedPolicy = Schema.Struct({
+  ...policyFields,
+  credentials: Schema.optionalWith(Schema.Array(CredentialRule), { default: () => [] })
+})
+
+/** The policy file: `credentials` may also hold presets (`{"preset":"anthropic","fromEnv":"…"}`). */
+const PolicyFile = Schema.Struct({
+  ...policyFields,
+  credentials: Schema.optionalWith(Schema.Array(Schema.Union(CredentialRule, PresetRule)), {
+    default: () => []
   })
+})
+
+/** The broker policy file (docs/broker.md), decoded with its presets expanded. */
+export const BrokerPolicy = Schema.transform(PolicyFile, Schema.typeSchema(ExpandedPolicy), {
+  strict: true,
+  decode: (file) => {
+    const plain: typeof ExpandedPolicy.Type = {
+      ...file,
+      credentials: file.credentials.filter((rule): rule is CredentialRule => !("preset" in rule))
+    }
+    // presets after the explicit rules: a rule the user spelled out wins for its host
+    return file.credentials.reduce(
+      (policy, rule) =>
+        "preset" in rule
+          ? withRules(
+              policy,
+              presetRules(
+                rule.preset,
+                "fromEnv" in rule ? { fromEnv: rule.fromEnv } : { fromFile: rule.fromFile }
+              )
+            )
+          : policy,
+      plain
+    )
+  },
+  encode: (policy) => policy
 })
 export type BrokerPolicy = typeof BrokerPolicy.Type
 export type BrokerPolicyEncoded = typeof BrokerPolicy.Encoded
@@ -71,8 +236,8 @@ export type PolicyDecision =
       readonly allow: true
       readonly host: string
       readonly credential: CredentialRule | undefined
-      /** from the policy's `resolve` map: dial this without the address-class check */
-      readonly pinned: string | undefined
+      /** from the policy's `resolve` map: dial this (and this port, if given) without the address-class check */
+      readonly pinned: { readonly address: string; readonly port: number | undefined } | undefined
     }
 
 export const decide = (policy: BrokerPolicy, rawHost: string, port: number): PolicyDecision => {
@@ -85,7 +250,12 @@ export const decide = (policy: BrokerPolicy, rawHost: string, port: number): Pol
   if (!rules.some((rule) => rule.ports.includes(port))) return { allow: false, reason: "port-not-allowed" }
   const credential = policy.credentials.find((rule) => rule.host.toLowerCase() === host)
   const pinnedEntry = Object.entries(policy.resolve).find(([name]) => name.toLowerCase() === host)
-  return { allow: true, host, credential, pinned: pinnedEntry?.[1] }
+  return {
+    allow: true,
+    host,
+    credential,
+    pinned: pinnedEntry === undefined ? undefined : parseResolveTarget(pinnedEntry[1])
+  }
 }
 
 /**

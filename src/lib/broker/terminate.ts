@@ -8,6 +8,7 @@ import * as http from "node:http"
 import * as https from "node:https"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
+import { CREDENTIAL_PLACEHOLDER } from "../../guest/connectProxy.js"
 import { normalizeHost } from "./host.js"
 
 export interface RequestRecord {
@@ -15,7 +16,10 @@ export interface RequestRecord {
   readonly status: number | undefined
   readonly decision: "allow" | "deny"
   readonly reason: string | undefined
+  /** whether the credential header was sent upstream on this request */
   readonly credential: boolean
+  /** headers dropped because they still carried the guest's placeholder (names, lower case) */
+  readonly droppedHeaders?: ReadonlyArray<string>
 }
 
 export interface TerminateOptions {
@@ -85,6 +89,19 @@ const parseHostHeader = (value: string): { host: string; port: number | undefine
   if (!checked.ok) return undefined
   return { host: checked.host, port: match[2] === undefined ? undefined : Number(match[2]) }
 }
+
+/** a request target that carries the placeholder, spelled plainly or percent-encoded */
+const urlHasPlaceholder = (url: string): boolean => {
+  if (url.includes(CREDENTIAL_PLACEHOLDER)) return true
+  try {
+    return decodeURIComponent(url.replaceAll("+", " ")).toLowerCase().includes(CREDENTIAL_PLACEHOLDER)
+  } catch {
+    return url.includes("%")
+  }
+}
+
+const MAX_LOGGED_HEADERS = 8
+const MAX_LOGGED_HEADER_NAME = 64
 
 const plainResponse = (status: number, text: string) =>
   `HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ""}\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(text) + 1}\r\nConnection: close\r\n\r\n${text}\n`
@@ -179,7 +196,8 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
     server.on("clientError", (error: NodeJS.ErrnoException, socket: Duplex) => {
       const tooLarge = error.code === "HPE_HEADER_OVERFLOW"
       if (tooLarge) deny("header-too-large")
-      else if (error.code !== "ECONNRESET") deny("bad-request")
+      // a parse error is a bad request; a socket error (the guest went away) is not one
+      else if (error.code?.startsWith("HPE_") === true) deny("bad-request")
       if (socket.writable)
         socket.end(
           tooLarge
@@ -210,12 +228,34 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
       if (!(req.url ?? "").startsWith("/")) return refuse(400, "not-origin-form")
       if (req.headers.upgrade !== undefined) return refuse(501, "upgrade-not-supported")
 
+      if (urlHasPlaceholder(req.url ?? "")) return refuse(400, "placeholder-in-url")
+      // framing: a body is forwarded with the framing it came with (Content-Length as is, chunked
+      // re-chunked by node); any other transfer coding is refused rather than guessed at
+      const transferEncoding = req.headers["transfer-encoding"]
+      const chunked = transferEncoding !== undefined
+      if (chunked && transferEncoding.trim().toLowerCase() !== "chunked")
+        return refuse(501, "transfer-encoding-not-supported")
+      if (chunked && req.headers["content-length"] !== undefined) return refuse(400, "bad-framing")
+
       options.credential.value().then(
         (secret) => {
           if (secret === undefined) return refuse(502, "credential-unavailable")
           const headers = forwardHeaders(req.rawHeaders, new Set([credentialHeader]))
+          // the placeholder never leaves the host: a header still carrying it is dropped (the
+          // credential header itself was replaced above)
+          const droppedHeaders: Array<string> = []
+          for (const [name, value] of Object.entries(headers)) {
+            const values = Array.isArray(value) ? value : [value]
+            if (values.some((v) => v.toLowerCase().includes(CREDENTIAL_PLACEHOLDER))) {
+              delete headers[name]
+              if (droppedHeaders.length < MAX_LOGGED_HEADERS)
+                droppedHeaders.push(name.slice(0, MAX_LOGGED_HEADER_NAME))
+            }
+          }
+          const dropped = droppedHeaders.length > 0 ? { droppedHeaders } : {}
           headers["host"] = req.headers.host!
           headers[credentialHeader] = secret
+          if (chunked) headers["transfer-encoding"] = "chunked"
           const upstream = http.request({
             agent,
             method,
@@ -224,6 +264,22 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
             host: options.host,
             port: options.port
           })
+          // the credential left the host once the request had a connected upstream socket
+          let sent = false
+          let upstreamSocket: Duplex | undefined
+          upstream.on("socket", (s: tls.TLSSocket) => {
+            upstreamSocket = s
+            if (!s.connecting && s.encrypted) sent = true
+            else s.once("secureConnect", () => (sent = true))
+          })
+          // an upstream connection is reused only after a request that was framed and sent whole:
+          // a response before the end of the body, or a guest that stops mid-body, closes it
+          const retire = () => {
+            upstreamSocket?.destroy()
+            // the rest of the guest's body is read and dropped, so its next request is parsed
+            req.unpipe(upstream)
+            req.resume()
+          }
           let status: number | undefined
           upstream.on("response", (upstreamRes) => {
             status = upstreamRes.statusCode ?? 502
@@ -231,12 +287,24 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
             res.writeHead(status, upstreamRes.statusMessage, responseHeaders)
             upstreamRes.pipe(res)
             upstreamRes.on("error", () => res.destroy())
+            upstreamRes.on("end", () => {
+              if (!req.complete || !upstream.writableFinished) retire()
+            })
           })
           upstream.on("error", (error: NodeJS.ErrnoException) => {
+            // the guest has its whole answer: a connection retired under the rest of its body
+            if (res.writableEnded) return
             // the reason is the error's code, never its message (which could quote a header)
             const reason = `upstream-${(error.code ?? "error").toLowerCase()}`
             if (!res.headersSent) {
-              options.onRequest({ method, status: 502, decision: "deny", reason, credential: true })
+              options.onRequest({
+                method,
+                status: 502,
+                decision: "deny",
+                reason,
+                credential: sent,
+                ...dropped
+              })
               res.writeHead(502, { "content-type": "text/plain", connection: "close" })
               res.end(`abox broker: ${reason}\n`)
             } else {
@@ -246,10 +314,18 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
           })
           res.on("finish", () => {
             if (status !== undefined)
-              options.onRequest({ method, status, decision: "allow", reason: undefined, credential: true })
+              options.onRequest({
+                method,
+                status,
+                decision: "allow",
+                reason: undefined,
+                credential: sent,
+                ...dropped
+              })
           })
           req.pipe(upstream)
           req.on("error", () => upstream.destroy())
+          req.on("aborted", () => upstream.destroy())
         },
         () => refuse(502, "credential-unavailable")
       )

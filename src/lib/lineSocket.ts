@@ -1,0 +1,287 @@
+// Raw node:net: the control socket (docs/detached.md) is JSON lines that may turn into a raw byte
+// stream (`forward`), which @effect/platform's Socket does not hand out. This is the one adapter
+// at that boundary: lines in as an Effect per line, lines out as an Effect per write.
+import * as Chunk from "effect/Chunk"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
+import * as Stream from "effect/Stream"
+import * as fs from "node:fs"
+import * as net from "node:net"
+import { ControlError, MAX_CONTROL_LINE } from "../protocol/Control.js"
+
+const describe = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+
+/** A unix socket read as lines (each at most `max` bytes) until the caller takes it raw. */
+export class LineSocket {
+  private buffer: Buffer = Buffer.alloc(0)
+  private ended = false
+  private failure: Error | undefined
+  private waiter: (() => void) | undefined
+  private readonly onData = (chunk: Buffer) => {
+    this.buffer = this.buffer.length === 0 ? chunk : Buffer.concat([this.buffer, chunk])
+    // a line longer than the bound: stop reading, the next `next()` fails
+    if (this.buffer.length > this.max && this.buffer.indexOf(10) < 0) this.socket.pause()
+    this.wake()
+  }
+  private readonly onEnd = () => {
+    this.ended = true
+    this.wake()
+  }
+  private readonly onError = (error: Error) => {
+    this.failure = error
+    this.ended = true
+    this.wake()
+  }
+
+  constructor(
+    readonly socket: net.Socket,
+    private readonly max: number = MAX_CONTROL_LINE
+  ) {
+    socket.on("data", this.onData)
+    socket.on("end", this.onEnd)
+    socket.on("close", this.onEnd)
+    socket.on("error", this.onError)
+  }
+
+  private wake() {
+    const resolve = this.waiter
+    this.waiter = undefined
+    resolve?.()
+  }
+
+  /** the next line (without its newline), or undefined at the end of the stream */
+  async next(): Promise<string | undefined> {
+    for (;;) {
+      const newline = this.buffer.indexOf(10)
+      if (newline >= 0) {
+        const line = this.buffer.subarray(0, newline).toString("utf8")
+        this.buffer = this.buffer.subarray(newline + 1)
+        return line
+      }
+      if (this.buffer.length > this.max) throw new Error(`a line longer than ${this.max} bytes`)
+      if (this.ended) {
+        if (this.failure !== undefined) throw this.failure
+        return undefined
+      }
+      await new Promise<void>((resolve) => (this.waiter = resolve))
+    }
+  }
+
+  /** leave line mode: the bytes read past the last line; the socket is paused for the caller */
+  takeRaw(): Buffer {
+    this.socket.off("data", this.onData)
+    this.socket.pause()
+    const rest = this.buffer
+    this.buffer = Buffer.alloc(0)
+    return rest
+  }
+
+  get closed(): boolean {
+    return this.socket.destroyed
+  }
+}
+
+/** one line, as an Effect: None at the end of the stream */
+export const readLine = (lines: LineSocket): Effect.Effect<Option.Option<string>, ControlError> =>
+  Effect.tryPromise({
+    try: () => lines.next(),
+    catch: (cause) => new ControlError({ reason: "read", message: `control socket: ${describe(cause)}` })
+  }).pipe(Effect.map((line) => Option.fromNullable(line)))
+
+/** every line until the end of the stream */
+export const readLines = (lines: LineSocket): Stream.Stream<string, ControlError> =>
+  Stream.repeatEffectOption(
+    readLine(lines).pipe(
+      Effect.mapError((error) => Option.some(error)),
+      Effect.flatMap(Option.match({ onNone: () => Effect.fail(Option.none()), onSome: Effect.succeed }))
+    )
+  )
+
+/** write one line; waits until the socket took it (back pressure) */
+export const writeLine = (socket: net.Socket, line: string): Effect.Effect<void, ControlError> =>
+  writeBytes(socket, line + "\n")
+
+/** write bytes; waits until the socket took them (back pressure) */
+export const writeBytes = (
+  socket: net.Socket,
+  data: string | Uint8Array
+): Effect.Effect<void, ControlError> =>
+  Effect.async<void, ControlError>((resume) => {
+    if (socket.destroyed || !socket.writable) {
+      resume(Effect.fail(new ControlError({ reason: "closed", message: "the control connection is closed" })))
+      return
+    }
+    socket.write(data, (error) =>
+      resume(
+        error === undefined || error === null
+          ? Effect.void
+          : Effect.fail(new ControlError({ reason: "write", message: `control socket: ${describe(error)}` }))
+      )
+    )
+  })
+
+/** connect to a unix socket; `refused` tells a stale socket file (nobody listening) from other errors */
+export const connectUnix = (
+  socketPath: string
+): Effect.Effect<net.Socket, { readonly refused: boolean; readonly message: string }> =>
+  Effect.async((resume) => {
+    // half-open: a forward passes each direction's end on by itself
+    const socket = net.connect({ path: socketPath, allowHalfOpen: true })
+    const onError = (error: NodeJS.ErrnoException) => {
+      socket.destroy()
+      resume(
+        Effect.fail({
+          refused: error.code === "ECONNREFUSED" || error.code === "ENOENT",
+          message: `${socketPath}: ${error.message}`
+        })
+      )
+    }
+    socket.once("error", onError)
+    socket.once("connect", () => {
+      socket.off("error", onError)
+      resume(Effect.succeed(socket))
+    })
+    return Effect.sync(() => socket.destroy())
+  })
+
+/**
+ * Listens on a unix socket path, 0600. A socket file already there is probed: someone
+ * listening → `busy`; nobody (a stale file left by a killed process) → removed first. Accepted
+ * connections come out of the returned queue; the server closes (and the file is removed) with
+ * the scope.
+ */
+export const listenUnix = (socketPath: string) =>
+  Effect.gen(function* () {
+    if (fs.existsSync(socketPath)) {
+      const alive = yield* connectUnix(socketPath).pipe(
+        Effect.map((socket) => {
+          socket.destroy()
+          return true
+        }),
+        Effect.catchAll(() => Effect.succeed(false))
+      )
+      if (alive)
+        return yield* new ControlError({
+          reason: "busy",
+          message: `${socketPath}: another process is listening on it`
+        })
+      yield* Effect.try({
+        try: () => fs.unlinkSync(socketPath),
+        catch: (cause) =>
+          new ControlError({
+            reason: "stale",
+            message: `${socketPath}: cannot remove the stale socket: ${describe(cause)}`
+          })
+      })
+    }
+    const connections = yield* Effect.acquireRelease(Queue.unbounded<net.Socket>(), (queue) =>
+      Effect.flatMap(Queue.takeAll(queue), (sockets) =>
+        Effect.sync(() => Chunk.forEach(sockets, (s) => s.destroy()))
+      ).pipe(Effect.zipRight(Queue.shutdown(queue)))
+    )
+    yield* Effect.acquireRelease(
+      Effect.async<net.Server, ControlError>((resume) => {
+        const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+          if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
+        })
+        server.once("error", (cause) =>
+          resume(
+            Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: ${describe(cause)}` }))
+          )
+        )
+        // created 0600 from the start (umask; the bind happens within listen()), then made sure of it
+        const umask = process.umask(0o177)
+        server.listen(socketPath, () => {
+          try {
+            fs.chmodSync(socketPath, 0o600)
+          } catch (cause) {
+            server.close()
+            resume(
+              Effect.fail(
+                new ControlError({ reason: "listen", message: `${socketPath}: chmod: ${describe(cause)}` })
+              )
+            )
+            return
+          }
+          resume(Effect.succeed(server))
+        })
+        process.umask(umask)
+      }),
+      // no new connections; those still open are their handlers' to end (not waited for here)
+      (server) =>
+        Effect.sync(() => {
+          server.close()
+          try {
+            fs.unlinkSync(socketPath)
+          } catch {
+            // already gone
+          }
+        })
+    )
+    return connections as Queue.Dequeue<net.Socket>
+  })
+
+/** the bytes a socket receives, from now until its end */
+export const socketBytes = (socket: net.Socket): Stream.Stream<Uint8Array, ControlError> =>
+  Stream.fromAsyncIterable(
+    // not destroyed at the end of the iteration: the other direction may still be writing
+    {
+      [Symbol.asyncIterator]: () => socket.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>
+    },
+    (cause) => new ControlError({ reason: "read", message: `socket: ${describe(cause)}` })
+  )
+
+/**
+ * Listens on 127.0.0.1:<port> (0: any free port); accepted connections come out of the queue;
+ * the server closes with the scope.
+ */
+export const listenLoopback = (port: number) =>
+  Effect.gen(function* () {
+    const connections = yield* Effect.acquireRelease(Queue.unbounded<net.Socket>(), (queue) =>
+      Effect.flatMap(Queue.takeAll(queue), (sockets) =>
+        Effect.sync(() => Chunk.forEach(sockets, (s) => s.destroy()))
+      ).pipe(Effect.zipRight(Queue.shutdown(queue)))
+    )
+    const server = yield* Effect.acquireRelease(
+      Effect.async<net.Server, ControlError>((resume) => {
+        const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+          if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
+        })
+        server.once("error", (cause) =>
+          resume(
+            Effect.fail(
+              new ControlError({ reason: "listen", message: `127.0.0.1:${port}: ${describe(cause)}` })
+            )
+          )
+        )
+        server.listen(port, "127.0.0.1", () => resume(Effect.succeed(server)))
+      }),
+      (server) => Effect.sync(() => server.close())
+    )
+    const address = server.address()
+    return {
+      connections: connections as Queue.Dequeue<net.Socket>,
+      port: typeof address === "object" && address !== null ? address.port : port
+    }
+  })
+
+/** two sockets joined both ways (each end passed on), until both are closed; `first` goes to `b` first */
+export const splice = (a: net.Socket, b: net.Socket, first: Uint8Array): Effect.Effect<void> =>
+  Effect.async<void>((resume) => {
+    let closed = 0
+    const onClose = () => {
+      if (++closed === 2) resume(Effect.void)
+    }
+    a.once("close", onClose)
+    b.once("close", onClose)
+    a.on("error", () => b.destroy())
+    b.on("error", () => a.destroy())
+    if (first.length > 0) b.write(first)
+    a.pipe(b)
+    b.pipe(a)
+    return Effect.sync(() => {
+      a.destroy()
+      b.destroy()
+    })
+  })

@@ -1,0 +1,177 @@
+/**
+ * The control protocol of a detached session (docs/detached.md): JSON lines over the session's
+ * control socket (`control.sock`, 0600). A client opens a connection and sends one request line;
+ * what follows depends on it (`turn`: events until `turn_end`, the client may send `cancel`;
+ * `attach`: every turn's events, an attached typist sends `turn` lines; `forward`: after
+ * `forward_ok` the connection carries raw bytes). Every line is Schema-decoded on both ends.
+ */
+import * as Schema from "effect/Schema"
+import { AgentEvent, Hello } from "./Messages.js"
+
+/** this protocol's version, in `status` */
+export const CONTROL_VERSION = 1
+/**
+ * a line longer than this is a protocol error: requests are small, and an event relays one guest
+ * control frame (at most MAX_FRAME_PAYLOAD, 1 MiB, whose JSON re-encodes to about its own size)
+ */
+export const MAX_CONTROL_LINE = 2 * 1024 * 1024
+
+const msg = <Tag extends string, Fields extends Schema.Struct.Fields>(type: Tag, fields: Fields) =>
+  Schema.Struct({ type: Schema.Literal(type), ...fields })
+
+// ---- client → supervisor ----
+export const StatusRequest = msg("status", {})
+/**
+ * One turn, of whatever kind the session runs (a shell command, or the configured agent's
+ * prompt): `text` goes to the guest as `user_turn`. `env` and `cwd` make it a shell turn run
+ * with those variables and in that directory; `timeoutMs` cancels it after that long.
+ */
+export const TurnRequest = msg("turn", {
+  text: Schema.String,
+  env: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.String })),
+  cwd: Schema.optional(Schema.String),
+  timeoutMs: Schema.optional(Schema.Int.pipe(Schema.positive()))
+})
+/** cancel the turn this connection started */
+export const CancelRequest = msg("cancel", {})
+/** watch every turn; `type: true` asks to be the one client that types (granted if free) */
+export const AttachRequest = msg("attach", { typist: Schema.Boolean })
+export const StopRequest = msg("stop", {})
+/** a byte stream to 127.0.0.1:<port> in the guest */
+export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.between(1, 65535)) })
+
+export const ControlRequest = Schema.Union(
+  StatusRequest,
+  TurnRequest,
+  CancelRequest,
+  AttachRequest,
+  StopRequest,
+  ForwardRequest
+)
+export type ControlRequest = typeof ControlRequest.Type
+export type TurnRequest = typeof TurnRequest.Type
+
+// ---- supervisor → client ----
+export const StatusReply = msg("status", {
+  version: Schema.Number,
+  sessionId: Schema.String,
+  pid: Schema.Number,
+  /** ISO time the supervisor became ready */
+  started: Schema.String,
+  /** connected clients, this one included */
+  clients: Schema.Number,
+  /** the turn running now, if any */
+  turn: Schema.NullOr(Schema.Number),
+  hello: Hello,
+  /** when it closes itself after no client and no turn (ms), if ever */
+  idleTimeoutMs: Schema.NullOr(Schema.Number)
+})
+export type StatusReply = typeof StatusReply.Type
+/** a turn began (to its starter, and to every watcher with its text) */
+export const TurnStarted = msg("turn_started", {
+  turn: Schema.Number,
+  text: Schema.String,
+  /** to an attached client: this client typed it */
+  mine: Schema.optional(Schema.Boolean)
+})
+export const TurnEventMsg = msg("event", { turn: Schema.Number, event: AgentEvent })
+export const TurnEnded = msg("turn_end", {
+  turn: Schema.Number,
+  exitCode: Schema.NullOr(Schema.Number),
+  signal: Schema.NullOr(Schema.String),
+  cancelled: Schema.Boolean,
+  /** cancelled by the request's timeoutMs */
+  timedOut: Schema.Boolean
+})
+export type TurnEnded = typeof TurnEnded.Type
+export const Attached = msg("attached", {
+  /** this client types (its `turn` lines are run); false: it watches */
+  typist: Schema.Boolean
+})
+export const Stopping = msg("stopping", { pid: Schema.Number })
+export const ForwardOk = msg("forward_ok", { port: Schema.Number })
+/** a tagged error as data: `_tag`, `message` and its other fields (what `errorFields` makes) */
+export const ErrorFields = Schema.Struct(
+  { _tag: Schema.String, message: Schema.String },
+  Schema.Record({ key: Schema.String, value: Schema.Unknown })
+)
+export type ErrorFields = typeof ErrorFields.Type
+/** a typed error (its `_tag` is the tag the CLI maps to an exit code) */
+export const ControlErrorMsg = msg("error", { error: ErrorFields })
+
+export const ControlReply = Schema.Union(
+  StatusReply,
+  TurnStarted,
+  TurnEventMsg,
+  TurnEnded,
+  Attached,
+  Stopping,
+  ForwardOk,
+  ControlErrorMsg
+)
+export type ControlReply = typeof ControlReply.Type
+
+export const encodeRequest = Schema.encodeSync(Schema.parseJson(ControlRequest))
+export const decodeRequest = Schema.decodeUnknownEither(Schema.parseJson(ControlRequest))
+export const encodeReply = Schema.encodeSync(Schema.parseJson(ControlReply))
+export const decodeReply = Schema.decodeUnknownEither(Schema.parseJson(ControlReply))
+
+/** what `abox start` reads from the supervisor it spawned (one line on the ready pipe) */
+export const ReadyLine = Schema.Union(
+  msg("ready", { sessionId: Schema.String, pid: Schema.Number, socket: Schema.String }),
+  msg("failed", { error: ErrorFields })
+)
+export type ReadyLine = typeof ReadyLine.Type
+export const encodeReadyLine = Schema.encodeSync(Schema.parseJson(ReadyLine))
+export const decodeReadyLine = Schema.decodeUnknownEither(Schema.parseJson(ReadyLine))
+
+/** a tagged error as data: its own fields, JSON-safe (stack and cause left out) */
+export const errorFields = (error: { readonly _tag: string; readonly message?: unknown }): ErrorFields => {
+  const fields: Record<string, unknown> = {}
+  for (const [key, value] of Object.entries(error)) {
+    if (key === "stack" || key === "cause") continue
+    try {
+      fields[key] = JSON.parse(JSON.stringify(value)) as unknown
+    } catch {
+      fields[key] = String(value)
+    }
+  }
+  const message = typeof error.message === "string" && error.message !== "" ? error.message : error._tag
+  return { ...fields, _tag: error._tag, message }
+}
+
+// ---- errors ----
+
+/** no supervisor serves this session (never started, stopped, or its socket is stale) */
+export class SessionNotRunning extends Schema.TaggedError<SessionNotRunning>()("SessionNotRunning", {
+  sessionId: Schema.String,
+  message: Schema.String
+}) {}
+
+/** the control connection failed or the other end broke the protocol */
+export class ControlError extends Schema.TaggedError<ControlError>()("ControlError", {
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+/** the supervisor refused a request (its reply `error`, with the tag it gave) */
+export class ControlRefused extends Schema.TaggedError<ControlRefused>()("ControlRefused", {
+  tag: Schema.String,
+  message: Schema.String
+}) {}
+
+/** POSIX single quotes: the text as one shell word */
+export const shellQuote = (text: string): string => `'${text.replaceAll("'", `'\\''`)}'`
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+
+/** the guest turn text for a request: `text` as is, or wrapped with its env and cwd as a shell turn */
+export const turnText = (request: TurnRequest): string | { readonly invalid: string } => {
+  const env = Object.entries(request.env ?? {})
+  const bad = env.find(([name]) => !ENV_NAME.test(name))
+  if (bad !== undefined) return { invalid: `not an environment variable name: ${bad[0]}` }
+  if (env.length === 0 && request.cwd === undefined) return request.text
+  const exports = env.map(([name, value]) => `export ${name}=${shellQuote(value)}\n`).join("")
+  const cd = request.cwd !== undefined ? `cd ${shellQuote(request.cwd)} || exit 126\n` : ""
+  return `${exports}${cd}${request.text}`
+}
