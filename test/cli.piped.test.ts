@@ -23,3 +23,14 @@ describe("piped turns", () => {
     expect(openWith(home, "echo a\necho b\n").status).toBe(0)
   })
 })
+
+describe("progress", () => {
+  it("each phase is shown as it begins, then with the time it took (plain lines when stderr is not a terminal)", () => {
+    const home = tempHome()
+    const r = openWith(home, "true\n")
+    expect(r.status).toBe(0)
+    for (const phase of ["snapshot", "clone", "config", "boot", "transfer"]) {
+      expect(r.stderr).toMatch(new RegExp(`  ${phase} …\\n[^]*  ${phase}\\s+\\d+\\.\\d\\ds\\n`))
+    }
+  })
+})

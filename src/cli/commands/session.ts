@@ -100,22 +100,41 @@ const openFromArgs = (
     return yield* open(options)
   })
 
-/** The step display: each phase of Open/Resume with the time it took, on stderr. */
-const stepDisplay = (enabled: boolean) => {
-  let current: { readonly phase: Phase; readonly started: number } | undefined
-  const finish = () => {
-    if (current !== undefined && enabled) {
-      process.stderr.write(
-        `  ${current.phase.padEnd(9)} ${((Date.now() - current.started) / 1000).toFixed(2)}s\n`
-      )
+/**
+ * The step display, on stderr: each phase of Open/Resume as it runs. On a terminal the running
+ * phase shows its elapsed time live (rewritten in place), then the time it took; otherwise one
+ * plain line as each phase begins and one as it ends. Scoped: a phase cut short by a failure
+ * still ends its line.
+ */
+const stepDisplay = (enabled: boolean, live: boolean = process.stderr.isTTY === true) =>
+  Effect.gen(function* () {
+    let current: { readonly phase: Phase; readonly started: number } | undefined
+    let ticker: NodeJS.Timeout | undefined
+    const line = (c: { readonly phase: Phase; readonly started: number }) =>
+      `  ${c.phase.padEnd(9)} ${((Date.now() - c.started) / 1000).toFixed(2)}s`
+    const finish = (ok: boolean) => {
+      if (ticker !== undefined) clearInterval(ticker)
+      ticker = undefined
+      if (current !== undefined && enabled) {
+        process.stderr.write(live ? `\r${line(current)}${ok ? "" : " (failed)"}\n` : `${line(current)}\n`)
+      }
+      current = undefined
     }
-  }
-  return (next: Phase) =>
-    Effect.sync(() => {
-      finish()
-      current = next === "ready" ? undefined : { phase: next, started: Date.now() }
-    })
-}
+    yield* Effect.addFinalizer(() => Effect.sync(() => finish(false)))
+    return (next: Phase) =>
+      Effect.sync(() => {
+        finish(true)
+        if (next === "ready") return
+        const started = { phase: next, started: Date.now() }
+        current = started
+        if (!enabled) return
+        if (live) {
+          process.stderr.write(line(started))
+          ticker = setInterval(() => process.stderr.write(`\r${line(started)}`), 250)
+          ticker.unref()
+        } else process.stderr.write(`  ${next} …\n`)
+      })
+  })
 
 const writeJsonLine = (value: unknown) =>
   Effect.sync(() => process.stdout.write(JSON.stringify(value) + "\n"))
@@ -194,7 +213,7 @@ export const run = Command.make(
             Effect.gen(function* () {
               const session = yield* openFromArgs(
                 args,
-                stepDisplay(!args.json && process.stderr.isTTY === true)
+                yield* stepDisplay(!args.json && process.stderr.isTTY === true)
               )
               yield* Ref.set(opened, session)
               yield* oneTurn(session, args.turn, args.json)
@@ -231,7 +250,7 @@ export const openCommand = Command.make(
           holdingSession(
             Effect.scoped(
               Effect.gen(function* () {
-                const session = yield* openFromArgs(args, stepDisplay(true))
+                const session = yield* openFromArgs(args, yield* stepDisplay(true))
                 for (const skipped of session.skipped)
                   yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
                 yield* interactive(session)
@@ -258,7 +277,7 @@ export const resumeCommand = Command.make(
               args.ref,
               yield* bootOptions(
                 args,
-                stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+                yield* stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
               )
             )
             if (interactiveMode) yield* interactive(session)
