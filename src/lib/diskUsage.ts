@@ -9,12 +9,17 @@ import * as path from "node:path"
  * not its apparent size), symlinks not followed. Entries that vanish or cannot be read while
  * walking count as 0: this is a figure for people, never a reason to fail.
  */
-export const diskUsage = (dir: string): Effect.Effect<number> => {
+export const diskUsage = (
+  dir: string,
+  /** told the names directly in `dir` (saves the caller a second readdir) */
+  onTopEntries?: (entries: ReadonlyArray<string>) => void
+): Effect.Effect<number> => {
   const walk = (file: string): Effect.Effect<number> =>
     Effect.gen(function* () {
       const info = yield* Effect.tryPromise(() => fs.lstat(file))
       if (!info.isDirectory()) return info.blocks * 512
       const entries = yield* Effect.tryPromise(() => fs.readdir(file))
+      if (file === dir) onTopEntries?.(entries)
       const sizes = yield* Effect.forEach(entries, (entry) => walk(path.join(file, entry)), {
         concurrency: 8
       })

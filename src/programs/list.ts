@@ -13,18 +13,24 @@ export type SessionStatus = "running" | "stopped"
  * VM helper) holds it. The probe takes the lock for an instant and gives it back; the legacy
  * home is read-only and never runs (resume copies nothing there).
  */
-export const sessionStatus = Effect.fn("sessionStatus")(function* (id: string) {
+export const sessionStatus = Effect.fn("sessionStatus")(function* (
+  id: string,
+  /** whether the session directory has a lock file, when the caller has read the directory already */
+  hasLockFile?: boolean
+) {
   const store = yield* SessionStore
   const paths = yield* AboxPaths
   const lock = yield* RuntimeLock
   if (store.dir(id) !== paths.sessionDir(id)) return "stopped" as SessionStatus
   // a session that never ran has no lock file: nothing to probe, and nothing written by looking
-  const hasLock = yield* Effect.promise(() =>
-    fs.access(lockPathFor(paths.sessionDir(id))).then(
-      () => true,
-      () => false
-    )
-  )
+  const hasLock =
+    hasLockFile ??
+    (yield* Effect.promise(() =>
+      fs.access(lockPathFor(paths.sessionDir(id))).then(
+        () => true,
+        () => false
+      )
+    ))
   if (!hasLock) return "stopped" as SessionStatus
   return yield* Effect.scoped(lock.acquire(id)).pipe(
     Effect.as("stopped" as SessionStatus),
@@ -48,7 +54,11 @@ export const listSessions = Effect.fn("listSessions")(function* () {
   return yield* Effect.forEach(
     rows,
     (row) =>
-      Effect.all({ status: sessionStatus(row.id), bytes: diskUsage(row.dir) }).pipe(
+      Effect.gen(function* () {
+        let hasLockFile = false
+        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes("lock")))
+        return { bytes, status: yield* sessionStatus(row.id, hasLockFile) }
+      }).pipe(
         Effect.map(({ status, bytes }): ListedSession => ({
           ...row,
           names: names.filter((b) => b.sessionId === row.id).map((b) => b.name),
