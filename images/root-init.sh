@@ -17,6 +17,14 @@ mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
 hostname "$(cat /etc/hostname 2>/dev/null || echo abox)"
 ip link set lo up 2>/dev/null
 echo "abox-init: started"
+# turn processes need neither ptrace nor user namespaces: only CAP_SYS_PTRACE may attach, and no
+# namespace can be made (user.max_user_namespaces; Debian kernels also have the older switch)
+for setting in kernel/yama/ptrace_scope=2 user/max_user_namespaces=0 kernel/unprivileged_userns_clone=0; do
+  key=${setting%%=*}
+  if [ -e "/proc/sys/$key" ]; then
+    echo "${setting#*=}" > "/proc/sys/$key" || echo "abox-init: cannot set $key"
+  fi
+done
 # `abox image build` boots a new image once with abox.snapshot=build: the agent's startup snapshot
 # is built here, by this node on this (virtual) CPU, then the VM powers off
 case " $(cat /proc/cmdline) " in

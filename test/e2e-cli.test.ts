@@ -5,6 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import { spawnSync } from "node:child_process"
+import { createHash } from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -59,6 +60,26 @@ const newSession = () => {
 }
 
 describe.skipIf(skip !== undefined)("abox CLI on a real VM", () => {
+  it("one boot: 100,000 random bytes through `abox run … > f` arrive byte for byte; a turn can neither ptrace nor make a user namespace", () => {
+    const turn =
+      "head -c 100000 /dev/urandom > /tmp/r; cat /tmp/r; " +
+      "{ sha256sum < /tmp/r; cat /proc/sys/kernel/yama/ptrace_scope /proc/sys/user/max_user_namespaces; " +
+      "if unshare -U true 2>/dev/null; then echo userns-allowed; else echo userns-refused; fi; } >&2"
+    const r = spawnSync(process.execPath, [cli, "run", source, "--", turn], { env: env(), timeout: 300_000 })
+    const stderr = r.stderr.toString("utf8")
+    expect(r.status, stderr).toBe(0)
+    const stdout: Buffer = r.stdout
+    expect(stdout.length).toBe(100_000)
+    const [hash, ptraceScope, maxUserNamespaces, userns] = stderr
+      .split("\n")
+      .filter((line) => !line.startsWith("abox:") && line.trim() !== "")
+      .map((line) => line.trim())
+    expect(createHash("sha256").update(stdout).digest("hex")).toBe(hash!.split(" ")[0])
+    expect(ptraceScope).toBe("2")
+    expect(maxUserNamespaces).toBe("0")
+    expect(userns).toBe("userns-refused")
+  })
+
   it("run prints the guest's output; a file written in one boot is there in the next (resume)", () => {
     const r = runCli(["run", "--json", source, "--", "echo persisted > made.txt; uname -r; cat README.md"])
     expect(r.code, r.stderr).toBe(0)

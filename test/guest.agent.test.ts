@@ -3,6 +3,7 @@
  * hello/ready, transfer, streaming turns, failing and cancelled turns, busy turns, bad messages,
  * shutdown, resume with context, privilege separation (as root), a corrupt config disk.
  */
+import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterEach, describe, expect, it } from "@effect/vitest"
@@ -235,6 +236,41 @@ describe("guest agent (real process, fake host)", () => {
         expect(entry.message.event.data.length).toBeLessThanOrEqual(16 * 1024)
       }
     }
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+  })
+
+  it("binary output arrives byte for byte (base64 events), text output stays text", async () => {
+    const dirs = makeGuestDirs()
+    writeConfig(dirs)
+    const { guest, host } = await boot(dirs)
+    await host.next("ready")
+    await host.mux.sendControl({
+      type: "user_turn",
+      turn: 1,
+      text: 'f=$(mktemp); head -c 100000 /dev/urandom > "$f"; cat "$f"; sha256sum < "$f" >&2; rm -f "$f"'
+    })
+    expect(await host.next("turn_end", 60_000)).toMatchObject({ exitCode: 0 })
+    const out: Array<Buffer> = []
+    let err = ""
+    for (const entry of turnEvents(host, 1)) {
+      if (entry.message.type !== "agent_event") continue
+      const event = entry.message.event
+      if (event.kind === "stdout") {
+        out.push(event.base64 !== undefined ? Buffer.from(event.base64, "base64") : Buffer.from(event.data))
+        expect(Buffer.byteLength(event.data) + (event.base64?.length ?? 0)).toBeLessThan(1024 * 1024)
+      }
+      if (event.kind === "stderr") err += event.data
+    }
+    const bytes = Buffer.concat(out)
+    expect(bytes.length).toBe(100_000)
+    expect(crypto.createHash("sha256").update(bytes).digest("hex")).toBe(err.split(" ")[0])
+    // UTF-8 text, a multi-byte character cut by no matter which read, is text without base64
+    await host.mux.sendControl({ type: "user_turn", turn: 2, text: "for i in 1 2 3; do printf 'h\\303'; sleep 0.1; printf '\\251llo\\n'; done" })
+    expect(await host.next("turn_end", 60_000)).toMatchObject({ turn: 2, exitCode: 0 })
+    const events = turnEvents(host, 2).flatMap((e) => (e.message.type === "agent_event" ? [e.message.event] : []))
+    expect(events.every((e) => !("base64" in e) || e.base64 === undefined)).toBe(true)
+    expect(stdoutOf(host, 2)).toBe("héllo\n".repeat(3))
     await host.mux.sendControl({ type: "shutdown" })
     expect((await guest.exited).code).toBe(0)
   })

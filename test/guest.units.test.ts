@@ -10,7 +10,11 @@ import * as fc from "fast-check"
 import { archName, resolveTarget } from "../src/guest/agent.js"
 import { ensureStateDir, loadContext, saveContext, type ContextTurn } from "../src/guest/context.js"
 import { DEFAULT_FLAGS, parseArgs, rpcTarget } from "../src/guest/flags.js"
+import { incompleteUtf8Tail, MAX_EVENT_BYTES, OutputChunker } from "../src/guest/turns.js"
+import { MAX_TUNNELS, TunnelClient } from "../src/guest/tunnels.js"
 import { resolveUser } from "../src/guest/user.js"
+import type { AgentLink } from "../src/guest/agent.js"
+import type { AgentEvent } from "../src/protocol/Messages.js"
 
 const tmp = () => fs.mkdtempSync(path.join(os.tmpdir(), "abox-guest-unit-"))
 
@@ -139,5 +143,87 @@ describe("guest users and targets", () => {
   it("arch names", () => {
     expect(archName("x64")).toBe("x86_64")
     expect(archName("arm64")).toBe("aarch64")
+  })
+})
+
+describe("guest output chunking (byte-exact)", () => {
+  const bytesOf = (events: ReadonlyArray<AgentEvent>): Buffer =>
+    Buffer.concat(
+      events.map((e) =>
+        e.kind === "stdout" ? (e.base64 !== undefined ? Buffer.from(e.base64, "base64") : Buffer.from(e.data)) : Buffer.alloc(0)
+      )
+    )
+  const run = (chunks: ReadonlyArray<Uint8Array>) => {
+    const chunker = new OutputChunker("stdout")
+    return [...chunks.flatMap((c) => chunker.push(c)), ...chunker.end()]
+  }
+  const cut = (bytes: Uint8Array, at: ReadonlyArray<number>) => {
+    const points = [...new Set(at.map((n) => n % (bytes.length + 1)))].sort((a, b) => a - b)
+    const chunks: Array<Uint8Array> = []
+    let start = 0
+    for (const p of [...points, bytes.length]) {
+      chunks.push(bytes.subarray(start, p))
+      start = p
+    }
+    return chunks
+  }
+
+  it("any bytes, cut anywhere: the events' bytes are the stream, each event ≤ MAX_EVENT_BYTES", () => {
+    fc.assert(
+      fc.property(fc.uint8Array({ maxLength: 40_000 }), fc.array(fc.nat(), { maxLength: 8 }), (bytes, at) => {
+        const events = run(cut(bytes, at))
+        expect(bytesOf(events).equals(Buffer.from(bytes))).toBe(true)
+        for (const e of events) if (e.kind === "stdout") expect(e.base64 === undefined ? Buffer.byteLength(e.data) : Buffer.from(e.base64, "base64").length).toBeLessThanOrEqual(MAX_EVENT_BYTES)
+      }),
+      { numRuns: 200 }
+    )
+  })
+
+  it("UTF-8 text, cut anywhere (inside characters too), is all text: no base64", () => {
+    fc.assert(
+      fc.property(fc.string({ unit: "grapheme", maxLength: 20_000 }), fc.array(fc.nat(), { maxLength: 8 }), (text, at) => {
+        const events = run(cut(Buffer.from(text), at))
+        expect(events.every((e) => e.kind === "stdout" && e.base64 === undefined)).toBe(true)
+        expect(events.map((e) => (e.kind === "stdout" ? e.data : "")).join("")).toBe(text)
+      }),
+      { numRuns: 200 }
+    )
+  })
+
+  it("a cut multi-byte character waits for its rest; an unfinished one at the end is sent as bytes", () => {
+    expect(incompleteUtf8Tail(Buffer.from([0x68, 0xc3]))).toBe(1)
+    expect(incompleteUtf8Tail(Buffer.from([0xe2, 0x9c]))).toBe(2)
+    expect(incompleteUtf8Tail(Buffer.from("h\u00e9"))).toBe(0)
+    expect(run([Buffer.from([0x68, 0xc3]), Buffer.from([0xa9])])).toEqual([
+      { kind: "stdout", data: "h" },
+      { kind: "stdout", data: "\u00e9" }
+    ])
+    expect(run([Buffer.from([0x68, 0xc3])])).toEqual([
+      { kind: "stdout", data: "h" },
+      { kind: "stdout", data: "\ufffd", base64: "ww==" }
+    ])
+  })
+})
+
+describe("guest tunnels", () => {
+  it("holds at most MAX_TUNNELS at once: the next CONNECT is refused in the guest, never sent", async () => {
+    let sent = 0
+    const channels: Array<number> = []
+    const link = {
+      sendControl: () => {
+        sent++
+        return new Promise<void>(() => undefined) // the host never answers
+      },
+      channel: (id: number) => {
+        channels.push(id)
+        return { destroy: () => undefined }
+      }
+    } as unknown as AgentLink
+    const client = new TunnelClient(link, () => undefined)
+    for (let i = 0; i < MAX_TUNNELS; i++) void client.request("h.test", 443)
+    expect(await client.request("h.test", 443)).toEqual({ ok: false, reason: `too many tunnels (${MAX_TUNNELS}) open at once` })
+    expect(sent).toBe(MAX_TUNNELS)
+    // ids count up by two from 1: what the host requires
+    expect(channels.slice(0, 3)).toEqual([1, 3, 5])
   })
 })

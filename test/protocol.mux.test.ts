@@ -291,6 +291,56 @@ describe("Mux", () => {
     ).toMatch(/UTF-8/)
   })
 
+  it("tunnel_open on an even (host) id, on a live or used id, or past the channel bound is a protocol error", async () => {
+    const open = (channel: number) => control({ type: "tunnel_open", channel, host: "h.test", port: 443 })
+    expect(await violation([open(2)])).toMatch(/tunnel_open names channel 2: tunnels use odd ids/)
+    expect(await violation([open(1), open(1)])).toMatch(/channel 1, a channel that is open/)
+    expect(
+      await violation([open(1), control({ type: "tunnel_close", channel: 1 }), open(1)])
+    ).toMatch(/channel 1, an id already used/)
+    expect(await violation([open(5), open(3)])).toMatch(/channel 3, an id already used/)
+    expect(
+      await violation([control({ type: "transfer_begin", channel: 3, format: "tar", target: "/w" })])
+    ).toMatch(/the host opens even ids/)
+    // a bound on live channels: the 5th open of a mux that holds 4 closes the connection
+    const [a, raw] = await socketPair()
+    const mux = new Mux(a, { maxChannels: 4 })
+    mux.onControl(() => undefined)
+    const error = nextError(mux)
+    for (const id of [1, 3, 5, 7, 9]) raw.write(open(id))
+    expect((await error).reason).toMatch(/more than 4 channels at once/)
+    raw.destroy()
+  })
+
+  it("finished channels leave nothing behind: 5,000 tunnels opened and closed, late frames dropped", async () => {
+    const [a, raw] = await socketPair()
+    const mux = new Mux(a)
+    const errors: Array<MuxError> = []
+    mux.onError((e) => errors.push(e))
+    let seen = 0
+    mux.onControl(() => {
+      seen++
+    })
+    const frames: Array<Uint8Array> = []
+    for (let id = 1; id < 10_000; id += 2) {
+      frames.push(control({ type: "tunnel_open", channel: id, host: "h.test", port: 443 }))
+      frames.push(control({ type: "tunnel_close", channel: id }))
+      // in flight when it closed: dropped, not a protocol error
+      frames.push(encodeFrame({ channel: id, kind: FrameKind.Data, payload: Buffer.from("late") }))
+    }
+    raw.write(Buffer.concat(frames))
+    while (seen < 10_000 && errors.length === 0) await new Promise((r) => setTimeout(r, 10))
+    expect(errors).toEqual([])
+    expect(mux.liveChannels).toBe(0)
+    // no collection inside the mux keeps one entry per finished channel
+    for (const value of Object.values(mux)) {
+      if (value instanceof Set || value instanceof Map) expect(value.size).toBeLessThan(16)
+      if (Array.isArray(value)) expect(value.length).toBeLessThan(16)
+    }
+    mux.destroy()
+    raw.destroy()
+  })
+
   it("credit granted beyond what was sent is a protocol error", async () => {
     expect(
       await violation(
@@ -370,6 +420,31 @@ describe("Mux", () => {
     expect(delivered).toBe(200)
     host.destroy()
     guest.destroy()
+  })
+
+  it("a control queue bound holds between the frames of one chunk: 1,000 messages in one write, 4 held", async () => {
+    const [a, raw] = await socketPair()
+    const host = new Mux(a, { maxControlQueue: 4 })
+    const release: Array<() => void> = []
+    let delivered = 0
+    host.onControl(() => {
+      delivered++
+      return new Promise<void>((r) => release.push(r))
+    })
+    const frames: Array<Uint8Array> = []
+    for (let id = 1; id < 2000; id += 2) frames.push(control({ type: "tunnel_open", channel: id, host: "h.test", port: 443 }))
+    raw.write(Buffer.concat(frames))
+    await new Promise((r) => setTimeout(r, 100))
+    expect(delivered).toBe(4)
+    // opens not yet handled have opened no channel either
+    expect(host.liveChannels).toBeLessThanOrEqual(4)
+    while (delivered < 1000) {
+      release.splice(0).forEach((r) => r())
+      await new Promise((r) => setTimeout(r, 1))
+    }
+    expect(delivered).toBe(1000)
+    host.destroy()
+    raw.destroy()
   })
 
   it("a channel reader fails when the connection drops before EOF, but keeps a finished peer's bytes", async () => {

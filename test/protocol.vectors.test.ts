@@ -67,6 +67,7 @@ describe("protocol v4 golden vectors", () => {
       "ready",
       "user_turn",
       "agent_event-stdout",
+      "agent_event-stdout-binary",
       "agent_event-json",
       "turn_end",
       "cancel",

@@ -1,5 +1,14 @@
 import * as Effect from "effect/Effect"
+import { escapeControl } from "../lib/text.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
+
+/** the exact bytes of a stdout/stderr event (`bytes`, else its `base64` as relayed, else its text) */
+const outputBytes = (event: TurnEvent): Uint8Array | undefined => {
+  if (event._tag !== "Event" || (event.event.kind !== "stdout" && event.event.kind !== "stderr")) return undefined
+  if (event.bytes !== undefined) return event.bytes
+  const e = event.event
+  return e.base64 !== undefined ? Buffer.from(e.base64, "base64") : Buffer.from(e.data, "utf8")
+}
 
 /** One event of a turn on the terminal: the guest's stdout to stdout, stderr to stderr. */
 export const printEvent = (event: TurnEvent) =>
@@ -8,18 +17,35 @@ export const printEvent = (event: TurnEvent) =>
     const e = event.event
     switch (e.kind) {
       case "stdout":
-        process.stdout.write(e.data)
+        process.stdout.write(outputBytes(event)!)
         return
       case "stderr":
-        process.stderr.write(e.data)
+        process.stderr.write(outputBytes(event)!)
         return
       case "json":
         process.stdout.write(JSON.stringify(e.value) + "\n")
         return
       case "status":
-        process.stderr.write(`· ${e.message}\n`)
+        process.stderr.write(`· ${escapeControl(e.message)}\n`)
     }
   })
+
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
+
+/**
+ * A turn event as `--json` prints it: stdout/stderr carry `data` (text) when the chunk is valid
+ * UTF-8, else `base64` (the exact bytes) instead; other events as they are.
+ */
+export const jsonEvent = (event: TurnEvent): unknown => {
+  const bytes = outputBytes(event)
+  if (event._tag !== "Event" || bytes === undefined) return event
+  const kind = event.event.kind
+  try {
+    return { _tag: "Event", event: { kind, data: strictUtf8.decode(bytes) } }
+  } catch {
+    return { _tag: "Event", event: { kind, base64: Buffer.from(bytes).toString("base64") } }
+  }
+}
 
 /** the shell's convention for the end of a turn: its exit code, or 128 + the signal's number */
 export const turnExitCode = (end: TurnEvent | undefined): number => {

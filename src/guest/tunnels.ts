@@ -56,6 +56,13 @@ export const channelDuplex = (channel: MuxChannel, onDestroy: () => void): Duple
   return duplex
 }
 
+/**
+ * Tunnels this guest holds at once (waiting for the host's answer, or open); more CONNECTs are
+ * refused here. Below the host's bound on a guest's live channels (512), which it treats as a
+ * protocol error: a busy proxy is told no, the connection never breaks.
+ */
+export const MAX_TUNNELS = 256
+
 interface Pending {
   readonly resolve: (result: TunnelOpenResult) => void
 }
@@ -74,6 +81,9 @@ export class TunnelClient {
   /** the proxy's `openTunnel` */
   request(host: string, port: number): Promise<TunnelOpenResult> {
     if (this.closed) return Promise.resolve({ ok: false, reason: "the agent is shutting down" })
+    if (this.pending.size + this.open.size >= MAX_TUNNELS) {
+      return Promise.resolve({ ok: false, reason: `too many tunnels (${MAX_TUNNELS}) open at once` })
+    }
     const id = this.nextChannel
     this.nextChannel += 2
     // the local end exists before the host can send on it

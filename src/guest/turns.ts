@@ -21,6 +21,8 @@ import type { TurnUser } from "./user.js"
 export const TURN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 /** one event carries at most this many characters; longer output is split */
 export const MAX_EVENT_CHARS = 16 * 1024
+/** one stdout/stderr event carries at most this many bytes of output */
+export const MAX_EVENT_BYTES = 16 * 1024
 
 export interface TurnEnvironment {
   readonly repoDir: string
@@ -62,18 +64,74 @@ const split = (text: string): ReadonlyArray<string> => {
   return parts
 }
 
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
+const lossyUtf8 = new TextDecoder("utf-8")
+
+/** how many bytes at the end of `bytes` begin a UTF-8 sequence that is not complete yet (0–3) */
+export const incompleteUtf8Tail = (bytes: Uint8Array): number => {
+  for (let back = 1; back <= Math.min(3, bytes.length); back++) {
+    const b = bytes[bytes.length - back]!
+    if ((b & 0xc0) === 0x80) continue // a continuation byte: its lead is further back
+    const length = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 1
+    return length > back ? back : 0
+  }
+  return 0
+}
+
+/** one output event: text when the bytes are UTF-8, else the exact bytes in `base64` (protocol v4) */
+export const outputEvent = (kind: "stdout" | "stderr", bytes: Uint8Array): AgentEvent => {
+  try {
+    return { kind, data: strictUtf8.decode(bytes) }
+  } catch {
+    return { kind, data: lossyUtf8.decode(bytes), base64: Buffer.from(bytes).toString("base64") }
+  }
+}
+
+/**
+ * A turn's output stream as events of at most MAX_EVENT_BYTES, byte-exact: the events' bytes
+ * concatenated are the stream. A UTF-8 sequence cut by a read waits for its rest, so that text
+ * stays text; bytes that are not UTF-8 travel as base64.
+ */
+export class OutputChunker {
+  private carry: Uint8Array = new Uint8Array(0)
+
+  constructor(private readonly kind: "stdout" | "stderr") {}
+
+  push(chunk: Uint8Array): ReadonlyArray<AgentEvent> {
+    const bytes = this.carry.length === 0 ? chunk : Buffer.concat([this.carry, chunk])
+    const events: Array<AgentEvent> = []
+    let start = 0
+    while (bytes.length - start > MAX_EVENT_BYTES) {
+      const piece = bytes.subarray(start, start + MAX_EVENT_BYTES)
+      const cut = piece.length - incompleteUtf8Tail(piece)
+      events.push(outputEvent(this.kind, piece.subarray(0, cut)))
+      start += cut
+    }
+    const rest = bytes.subarray(start)
+    const body = rest.length - incompleteUtf8Tail(rest)
+    if (body > 0) events.push(outputEvent(this.kind, rest.subarray(0, body)))
+    this.carry = Uint8Array.from(rest.subarray(body))
+    return events
+  }
+
+  /** the stream ended: a sequence still incomplete is sent as it is (as bytes) */
+  end(): ReadonlyArray<AgentEvent> {
+    const rest = this.carry
+    this.carry = new Uint8Array(0)
+    return rest.length === 0 ? [] : [outputEvent(this.kind, rest)]
+  }
+}
+
 const pumpChunks = async (
   stream: NodeJS.ReadableStream,
   kind: "stdout" | "stderr",
   sink: EventSink
 ): Promise<void> => {
-  const decoder = new StringDecoder("utf8")
+  const chunker = new OutputChunker(kind)
   for await (const chunk of stream as AsyncIterable<Buffer>) {
-    const text = decoder.write(chunk)
-    for (const data of text === "" ? [] : split(text)) await sink({ kind, data })
+    for (const event of chunker.push(chunk)) await sink(event)
   }
-  const rest = decoder.end()
-  if (rest !== "") await sink({ kind, data: rest })
+  for (const event of chunker.end()) await sink(event)
 }
 
 const emitLine = async (line: string, sink: EventSink) => {

@@ -13,8 +13,9 @@ import * as Stream from "effect/Stream"
 // liveness probe before a stale file is unlinked.
 import * as fs from "node:fs"
 import * as net from "node:net"
-import type { ControlMessage, HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, ControlMessage, HelloMessage } from "../protocol/Messages.js"
 import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
@@ -38,8 +39,18 @@ import {
 const CONTROL_BUFFER = 64
 /** events of one turn held for a slow consumer before the dispatcher (and so the socket) waits */
 const TURN_BUFFER = 256
-/** tunnel requests nobody has taken yet; more are denied */
+/**
+ * tunnel requests nobody has taken yet; while it is full the dispatcher waits, so the control
+ * queue fills and the socket is paused (back pressure on a guest that floods tunnel_open)
+ */
 const PENDING_TUNNELS = 64
+/**
+ * live channels a guest may hold open (pending, accepted or being transferred); one more is a
+ * protocol error. Each buffers at most 256 KiB, so this bounds the host's channel memory.
+ */
+export const MAX_GUEST_CHANNELS = 512
+/** after the host's EOF of a transfer, how long it waits for the guest's transfer_end by default */
+export const DEFAULT_TRANSFER_END_TIMEOUT = Duration.minutes(5)
 
 /** the version rule of protocol v4 (docs/protocol.md, "Versioning") */
 export const checkGuestProtocol = (hello: HelloMessage): Effect.Effect<void, GuestTooOld | GuestTooNew> => {
@@ -150,6 +161,15 @@ const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: string) {
   return connections
 })
 
+const utf8 = new TextEncoder()
+
+/** a guest's event for the turn's consumers: stdout/stderr with their exact bytes (old guests: UTF-8 of data) */
+const turnEvent = (event: AgentEvent): TurnEvent => {
+  if (event.kind !== "stdout" && event.kind !== "stderr") return { _tag: "Event", event }
+  const bytes = event.base64 !== undefined ? Buffer.from(event.base64, "base64") : utf8.encode(event.data)
+  return { _tag: "Event", event, bytes }
+}
+
 const isTurnEvent = (item: TurnEvent | GuestRpcError): item is TurnEvent =>
   item._tag === "Event" || item._tag === "End"
 
@@ -171,7 +191,7 @@ const connect = (
 ): Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> =>
   Effect.gen(function* () {
     const mux = yield* Effect.acquireRelease(
-      Effect.sync(() => new Mux(socket)),
+      Effect.sync(() => new Mux(socket, { maxControlQueue: CONTROL_BUFFER, maxChannels: MAX_GUEST_CHANNELS })),
       (m) => Effect.sync(() => m.destroy())
     )
     socket.resume()
@@ -183,7 +203,7 @@ const connect = (
     const transfers = new Map<number, Deferred.Deferred<{ files: number; bytes: number }, TransferFailed>>()
     const turns = new Map<number, Turn>()
     const forwards = new Map<number, { readonly port: number; readonly accepted: Deferred.Deferred<void, ForwardRefused> }>()
-    const tunnelQueue = yield* Effect.acquireRelease(Queue.dropping<TunnelRequest>(PENDING_TUNNELS), (q) =>
+    const tunnelQueue = yield* Effect.acquireRelease(Queue.bounded<TunnelRequest>(PENDING_TUNNELS), (q) =>
       Queue.shutdown(q)
     )
     let phase: "hello" | "ready" | "run" = "hello"
@@ -252,7 +272,7 @@ const connect = (
         }
         const reason =
           message.type === "error"
-            ? `guest error ${message.code}: ${message.message}`
+            ? `guest error ${escapeControl(`${message.code}: ${message.message}`)}`
             : `expected ready, got ${message.type}`
         return Deferred.fail(
           ready,
@@ -264,7 +284,7 @@ const connect = (
           const turn = turns.get(message.turn)
           return turn === undefined || turn.abandoned
             ? Effect.void
-            : Queue.offer(turn.queue, { _tag: "Event", event: message.event })
+            : Queue.offer(turn.queue, turnEvent(message.event))
         }
         case "turn_end": {
           const turn = turns.get(message.turn)
@@ -287,12 +307,9 @@ const connect = (
             ? Effect.void
             : Deferred.succeed(pending, { files: message.files, bytes: message.bytes })
         }
-        case "tunnel_open": {
-          const request = tunnelRequest(message.channel, message.host, message.port)
-          return Effect.flatMap(Queue.offer(tunnelQueue, request), (taken) =>
-            taken ? Effect.void : request.deny("too many pending tunnels")
-          )
-        }
+        case "tunnel_open":
+          // waits while PENDING_TUNNELS are untaken: back pressure, never a dropped request
+          return Queue.offer(tunnelQueue, tunnelRequest(message.channel, message.host, message.port))
         case "tunnel_close": // the mux has dropped the channel; its reader fails
           return Effect.void
         case "forward_accept": {
@@ -300,7 +317,8 @@ const connect = (
           return pending === undefined ? Effect.void : Deferred.succeed(pending.accepted, undefined)
         }
         case "error": {
-          const text = `${message.code}: ${message.message}`
+          // the guest's words: never a control character on the way to a terminal
+          const text = escapeControl(`${message.code}: ${message.message}`)
           const forward = message.channel !== undefined ? forwards.get(message.channel) : undefined
           if (forward !== undefined) {
             return Deferred.fail(
@@ -311,7 +329,7 @@ const connect = (
           if (message.channel !== undefined && transfers.has(message.channel)) {
             return Deferred.fail(
               transfers.get(message.channel)!,
-              new TransferFailed({ reason: message.code, message: text })
+              new TransferFailed({ reason: escapeControl(message.code), message: text })
             )
           }
           if (message.turn !== undefined) {
@@ -323,13 +341,13 @@ const connect = (
                 Deferred.succeed(turn.done, undefined),
                 Queue.offer(
                   turn.queue,
-                  new ProtocolError({ reason: message.code, message: `guest: ${text}` })
+                  new ProtocolError({ reason: escapeControl(message.code), message: `guest: ${text}` })
                 )
               )
             }
           }
           return Effect.logWarning("guest reported an error").pipe(
-            Effect.annotateLogs({ code: message.code, text })
+            Effect.annotateLogs({ code: escapeControl(message.code), text })
           )
         }
         default:
@@ -421,6 +439,7 @@ const connect = (
     })
     const helloMessage = yield* handshake.pipe(Effect.tapError(() => Effect.sync(() => mux.close())))
 
+    const transferEndTimeout = Duration.decode(options.transferEndTimeout ?? DEFAULT_TRANSFER_END_TIMEOUT)
     let nextTurn = (helloMessage.contextTurns ?? 0) + 1
     let nextChannel = 2
 
@@ -456,7 +475,18 @@ const connect = (
           Effect.zipRight(
             Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) })
           ),
-          Effect.zipRight(awaitOrTerminated(result))
+          Effect.zipRight(
+            awaitOrTerminated(result).pipe(
+              Effect.timeoutFail({
+                duration: transferEndTimeout,
+                onTimeout: () =>
+                  new GuestTimeout({
+                    waitingFor: "transfer_end",
+                    message: `the guest did not confirm the transfer within ${Duration.format(transferEndTimeout)} of its end`
+                  })
+              })
+            )
+          )
         )
         // the guest may refuse the transfer while we are still sending: stop writing then
         const refused = Effect.zipRight(Deferred.await(result), Effect.never)

@@ -1,4 +1,5 @@
 import * as FileSystem from "@effect/platform/FileSystem"
+import type * as Cause from "effect/Cause"
 import * as Config from "effect/Config"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -403,31 +404,43 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         }
       })
 
-      const handle = (request: TunnelRequest): Effect.Effect<void> =>
-        Effect.suspend(() =>
-          Ref.modify(active, (n): [boolean, number] => (n >= maxTunnels ? [false, n] : [true, n + 1]))
-        ).pipe(
-          Effect.flatMap((admitted) =>
-            admitted
-              ? serveTunnel(request).pipe(Effect.scoped, Effect.ensuring(Ref.update(active, (n) => n - 1)))
-              : Effect.zipRight(
-                  request.deny("too-many-tunnels"),
-                  log({
-                    channel: request.channel,
-                    host: request.host,
-                    port: request.port,
-                    event: "open",
-                    decision: "deny",
-                    reason: "too-many-tunnels",
-                    credential: false
-                  })
-                )
-          ),
-          Effect.catchAllCause((cause) => Effect.logWarning("broker tunnel failed", cause))
+      /** takes one of the maxTunnels slots (every tunnel being decided or served holds one) */
+      const admit = Ref.modify(active, (n): [boolean, number] => (n >= maxTunnels ? [false, n] : [true, n + 1]))
+      const tunnelFailed = (cause: Cause.Cause<unknown>) => Effect.logWarning("broker tunnel failed", cause)
+      const serveAdmitted = (request: TunnelRequest): Effect.Effect<void> =>
+        serveTunnel(request).pipe(
+          Effect.scoped,
+          Effect.ensuring(Ref.update(active, (n) => n - 1)),
+          Effect.catchAllCause(tunnelFailed)
         )
+      const refuseBusy = (request: TunnelRequest): Effect.Effect<void> =>
+        Effect.zipRight(
+          request.deny("too-many-tunnels"),
+          log({
+            channel: request.channel,
+            host: request.host,
+            port: request.port,
+            event: "open",
+            decision: "deny",
+            reason: "too-many-tunnels",
+            credential: false
+          })
+        ).pipe(Effect.catchAllCause(tunnelFailed))
 
+      const handle = (request: TunnelRequest): Effect.Effect<void> =>
+        Effect.flatMap(admit, (admitted) => (admitted ? serveAdmitted(request) : refuseBusy(request)))
+
+      // at most maxTunnels fibers: a refusal is answered (and logged) before the next request is
+      // taken, so a guest that floods tunnel_open is slowed to the pace of its refusals (back
+      // pressure through the connection's bounded queue), never a fiber per request
       const serve = (tunnels: Stream.Stream<TunnelRequest>) =>
-        tunnels.pipe(Stream.runForEach((request) => FiberSet.run(fibers, handle(request))))
+        tunnels.pipe(
+          Stream.runForEach((request) =>
+            Effect.flatMap(admit, (admitted) =>
+              admitted ? Effect.asVoid(FiberSet.run(fibers, serveAdmitted(request))) : refuseBusy(request)
+            )
+          )
+        )
 
       return {
         caCertPem: ca.certPem,

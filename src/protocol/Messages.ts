@@ -5,10 +5,20 @@ export const PROTOCOL_VERSION = 4
 /** The oldest guest protocol this host speaks. */
 export const MIN_GUEST_PROTOCOL = 4
 
+/** standard base64 (RFC 4648 §4, padded) */
+const Base64 = Schema.String.pipe(Schema.pattern(/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/))
+
+/**
+ * Output bytes of a turn. `data` is the text; when the bytes are not valid UTF-8, `base64`
+ * carries them exactly and `data` is their lossy decoding (U+FFFD for invalid sequences), so a
+ * host that predates `base64` still shows something. Absent `base64`: the bytes are `data` in UTF-8.
+ */
+const outputFields = { data: Schema.String, base64: Schema.optional(Base64) }
+
 /** What a turn produces, as the host sees it (one `agent_event` each). */
 export const AgentEvent = Schema.Union(
-  Schema.Struct({ kind: Schema.Literal("stdout"), data: Schema.String }),
-  Schema.Struct({ kind: Schema.Literal("stderr"), data: Schema.String }),
+  Schema.Struct({ kind: Schema.Literal("stdout"), ...outputFields }),
+  Schema.Struct({ kind: Schema.Literal("stderr"), ...outputFields }),
   /** a JSON line printed by a configured agent command */
   Schema.Struct({ kind: Schema.Literal("json"), value: Schema.Unknown }),
   /** agent-side notes (e.g. "turn started", "cancelling") */

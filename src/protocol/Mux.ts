@@ -36,6 +36,8 @@ export const INITIAL_WINDOW = 256 * 1024
  */
 export const GUEST_RECEIVE_WINDOW = 4 * 1024 * 1024
 export const DEFAULT_MAX_CONTROL_QUEUE = 1024
+/** live data channels (opened and not finished) beyond which a peer's open is a protocol error */
+export const DEFAULT_MAX_CHANNELS = 1024
 
 export interface MuxOptions {
   /** both directions' window unless one is given below (tests use smaller windows) */
@@ -46,6 +48,8 @@ export interface MuxOptions {
   readonly sendWindow?: number
   /** control messages held (undelivered or being handled) before the stream is paused */
   readonly maxControlQueue?: number
+  /** live data channels this end holds at most; a peer opening one more is a protocol error */
+  readonly maxChannels?: number
 }
 
 /** A protocol violation by the peer, or a use of a closed mux/channel. */
@@ -319,8 +323,13 @@ export class Mux {
   private peerWindow: number
   private readonly maxControlQueue: number
   private readonly channels = new Map<number, Channel>()
-  /** channels that are finished (both EOFs or destroyed): late frames for them are dropped */
-  private readonly retired = new Set<number>()
+  /**
+   * The highest channel id opened so far, per parity (index 0: even, host-opened; 1: odd,
+   * guest-opened). Ids only grow, so an id at or below it that is not live is a finished
+   * channel (late frames for it are dropped): no set of finished ids to grow without bound.
+   */
+  private readonly highest: [number, number] = [0, -1]
+  private readonly maxChannels: number
   private controlHandler: ControlHandler | undefined = undefined
   private readonly controlQueue: Array<ControlMessage> = []
   private controlInFlight = 0
@@ -340,6 +349,7 @@ export class Mux {
     this.window = options?.receiveWindow ?? initial
     this.peerWindow = options?.sendWindow ?? initial
     this.maxControlQueue = options?.maxControlQueue ?? DEFAULT_MAX_CONTROL_QUEUE
+    this.maxChannels = options?.maxChannels ?? DEFAULT_MAX_CHANNELS
     for (const window of [this.window, this.peerWindow]) {
       if (!Number.isInteger(window) || window < 1 || window > 0xffffffff) {
         throw new MuxError(`window ${window} is not a positive u32`)
@@ -486,15 +496,23 @@ export class Mux {
   maybeRetire(channel: Channel): void {
     if (channel.peerEof && channel.localEof && channel.buffered === 0) {
       // keep the object for its reader; only forget it for lookups of late frames
-      this.channels.delete(channel.id)
-      this.retired.add(channel.id)
+      if (this.channels.get(channel.id) === channel) this.channels.delete(channel.id)
     }
   }
 
   /** @internal */
   retire(channel: Channel): void {
     if (this.channels.get(channel.id) === channel) this.channels.delete(channel.id)
-    this.retired.add(channel.id)
+  }
+
+  /** live data channels (opened, not finished) */
+  get liveChannels(): number {
+    return this.channels.size
+  }
+
+  /** a finished channel: its id was opened before (ids only grow) and it is no longer live */
+  private isRetired(id: number): boolean {
+    return id <= this.highest[id & 1]! && !this.channels.has(id)
   }
 
   // ---- receive path ----
@@ -504,7 +522,12 @@ export class Mux {
     if (channel === undefined) {
       channel = new Channel(id, this, this.window, this.peerWindow)
       if (this.closed || this.ending) channel.fail(this.error ?? new MuxError("mux closed"))
-      this.retired.delete(id)
+      else if (this.isRetired(id)) {
+        // a finished channel is never opened again: its local end is closed from the start
+        channel.fail(new MuxError(`channel ${id} is finished`), true)
+        return channel
+      }
+      this.highest[id & 1] = Math.max(this.highest[id & 1]!, id)
       this.channels.set(id, channel)
     }
     return channel
@@ -532,6 +555,21 @@ export class Mux {
         if (!Number.isInteger(id) || id < 1 || id > MAX_CHANNEL_ID) {
           return new MuxError(`${message.type} names channel ${id}, not a data channel`)
         }
+        // the host opens even ids (transfers), the guest odd ones (tunnels); each side counts up
+        const parity = message.type === "tunnel_open" ? 1 : 0
+        if ((id & 1) !== parity) {
+          return new MuxError(
+            `${message.type} names channel ${id}: ${parity === 0 ? "the host opens even ids" : "tunnels use odd ids"}`
+          )
+        }
+        if (id <= this.highest[parity]!) {
+          return new MuxError(
+            `${message.type} names channel ${id}, ${this.channels.has(id) ? "a channel that is open" : "an id already used"} (ids are never reused)`
+          )
+        }
+        if (this.channels.size >= this.maxChannels) {
+          return new MuxError(`${message.type} would open more than ${this.maxChannels} channels at once`)
+        }
         this.open(id)
         return undefined
       }
@@ -554,12 +592,43 @@ export class Mux {
       this.protocolError(cause instanceof FrameError ? cause.reason : String(cause), cause)
       return
     }
-    for (const frame of frames) {
+    this.backlog = this.backlogAt < this.backlog.length ? [...this.backlog.slice(this.backlogAt), ...frames] : frames
+    this.backlogAt = 0
+    this.processBacklog()
+  }
+
+  /**
+   * Frames of the chunks read so far, handled in order until the control queue is full: one
+   * chunk can hold hundreds of small frames, and the pause must take effect between frames (a
+   * peer's opens would otherwise outrun the bound by a chunk's worth), not only between reads.
+   */
+  private backlog: Array<Frame> = []
+  private backlogAt = 0
+  private processing = false
+
+  private processBacklog(): void {
+    if (this.processing) return
+    this.processing = true
+    try {
+      this.drainBacklog()
+    } finally {
+      this.processing = false
+    }
+  }
+
+  private drainBacklog(): void {
+    while (this.backlogAt < this.backlog.length && !this.paused) {
+      if (this.closed || this.error !== undefined) return
+      const frame = this.backlog[this.backlogAt++]!
       const problem = this.onFrame(frame)
       if (problem !== undefined) {
         this.protocolError(problem.reason, problem.cause)
         return
       }
+    }
+    if (this.backlogAt >= this.backlog.length) {
+      this.backlog = []
+      this.backlogAt = 0
     }
   }
 
@@ -575,7 +644,7 @@ export class Mux {
     }
     const channel = this.channels.get(frame.channel)
     if (channel === undefined) {
-      if (this.retired.has(frame.channel)) return undefined // late frames of a finished channel
+      if (this.isRetired(frame.channel)) return undefined // late frames of a finished channel
       return new MuxError(
         `${frame.kind === FrameKind.Data ? "DATA" : frame.kind === FrameKind.Credit ? "CREDIT" : "EOF"} on unopened channel ${frame.channel}`
       )
@@ -622,7 +691,8 @@ export class Mux {
       this.stream.pause()
     } else if (this.paused && held < this.maxControlQueue) {
       this.paused = false
-      if (!this.closed) this.stream.resume()
+      this.processBacklog()
+      if (!this.paused && !this.closed) this.stream.resume()
     }
   }
 

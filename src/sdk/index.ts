@@ -103,6 +103,9 @@ export interface TurnOutcome {
   readonly cancelled: boolean
   readonly stdout: string
   readonly stderr: string
+  /** exactly the bytes the turn wrote to stdout (`stdout` is their text, lossy when not UTF-8) */
+  readonly stdoutBytes: Uint8Array
+  readonly stderrBytes: Uint8Array
   readonly events: ReadonlyArray<TurnEvent>
 }
 
@@ -147,15 +150,24 @@ const collectTurn = async (events: AsyncIterable<TurnEvent>): Promise<TurnOutcom
   const all: Array<TurnEvent> = []
   let stdout = ""
   let stderr = ""
+  const out: Array<Uint8Array> = []
+  const err: Array<Uint8Array> = []
   for await (const event of events) {
     all.push(event)
-    if (event._tag === "Event" && event.event.kind === "stdout") stdout += event.event.data
-    if (event._tag === "Event" && event.event.kind === "stderr") stderr += event.event.data
+    if (event._tag === "Event" && event.event.kind === "stdout") {
+      stdout += event.event.data
+      if (event.bytes !== undefined) out.push(event.bytes)
+    }
+    if (event._tag === "Event" && event.event.kind === "stderr") {
+      stderr += event.event.data
+      if (event.bytes !== undefined) err.push(event.bytes)
+    }
   }
+  const output = { stdout, stderr, stdoutBytes: Buffer.concat(out), stderrBytes: Buffer.concat(err) }
   const end = all.at(-1)
   return end !== undefined && end._tag === "End"
-    ? { exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled, stdout, stderr, events: all }
-    : { exitCode: null, signal: null, cancelled: true, stdout, stderr, events: all }
+    ? { exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled, ...output, events: all }
+    : { exitCode: null, signal: null, cancelled: true, ...output, events: all }
 }
 
 const handleFor = async (

@@ -63,7 +63,16 @@ export interface TurnResult {
 
 /** One event of a turn as the SDK and CLI see it: the guest's events, then the end. */
 export type TurnEvent =
-  { readonly _tag: "Event"; readonly event: AgentEvent } | ({ readonly _tag: "End" } & TurnResult)
+  | {
+      readonly _tag: "Event"
+      readonly event: AgentEvent
+      /**
+       * stdout and stderr events: exactly the bytes the turn wrote (`event.data` is their text,
+       * lossy when they are not UTF-8). Absent on other kinds.
+       */
+      readonly bytes?: Uint8Array
+    }
+  | ({ readonly _tag: "End" } & TurnResult)
 
 /** A tunnel the guest asked for (broker): the host accepts or denies, then bytes flow. */
 export interface TunnelRequest {
@@ -71,11 +80,7 @@ export interface TunnelRequest {
   readonly host: string
   readonly port: number
   readonly accept: () => Effect.Effect<
-    {
-      readonly read: Stream.Stream<Uint8Array, GuestDisconnected>
-      readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>
-      readonly close: Effect.Effect<void>
-    },
+    { readonly read: Stream.Stream<Uint8Array, GuestDisconnected>; readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>; readonly close: Effect.Effect<void> },
     GuestDisconnected
   >
   readonly deny: (reason: string) => Effect.Effect<void>
@@ -102,6 +107,8 @@ export interface GuestConnection {
 export interface GuestRpcOptions {
   readonly helloTimeout: Duration.DurationInput
   readonly shutdownTimeout: Duration.DurationInput
+  /** after the tar's EOF, the bound on the wait for `transfer_end` (default 5 minutes) */
+  readonly transferEndTimeout?: Duration.DurationInput
 }
 
 /**
@@ -113,11 +120,7 @@ export interface GuestRpcShape {
   readonly listen: (
     socketPath: string,
     options: GuestRpcOptions
-  ) => Effect.Effect<
-    { readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> },
-    GuestDisconnected,
-    Scope.Scope
-  >
+  ) => Effect.Effect<{ readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> }, GuestDisconnected, Scope.Scope>
 }
 
 export class GuestRpc extends Context.Tag("abox/GuestRpc")<GuestRpc, GuestRpcShape>() {}

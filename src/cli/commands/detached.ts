@@ -26,7 +26,7 @@ import {
 import { open, resume, type Session } from "../../programs/session.js"
 import { supervise } from "../../programs/supervisor.js"
 import { CliExit, edge, printJson } from "../render.js"
-import { printEvent, turnExitCode } from "../turnOutput.js"
+import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { bootOptions } from "./session.js"
 import { sessionRef } from "./show.js"
@@ -295,7 +295,7 @@ export const execCommand = Command.make(
               switch (reply.type) {
                 case "event":
                   return args.json
-                    ? Console.log(JSON.stringify({ event: { _tag: "Event", event: reply.event } }))
+                    ? Console.log(JSON.stringify({ event: jsonEvent({ _tag: "Event", event: reply.event }) }))
                     : printEvent({ _tag: "Event", event: reply.event })
                 case "turn_end":
                   end = reply

@@ -20,7 +20,7 @@ import { remove } from "../../programs/remove.js"
 import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
 import { holdingSession } from "../runMain.js"
-import { printEvent, turnExitCode } from "../turnOutput.js"
+import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { startSession } from "./detached.js"
@@ -145,7 +145,7 @@ export const printTurn = (session: Session, text: string, asJson: boolean) =>
     .turn(text)
     .pipe(
       Stream.runFoldEffect(undefined as TurnEvent | undefined, (_, event) =>
-        Effect.as(asJson ? writeJsonLine({ event }) : printEvent(event), event)
+        Effect.as(asJson ? writeJsonLine({ event: jsonEvent(event) }) : printEvent(event), event)
       )
     )
 
