@@ -31,7 +31,4 @@ export interface SecretScrubberShape {
   readonly scrub: (options: { readonly dryRun: boolean }) => Effect.Effect<ScrubReport>
 }
 
-export class SecretScrubber extends Context.Tag("abox/SecretScrubber")<
-  SecretScrubber,
-  SecretScrubberShape
->() {}
+export class SecretScrubber extends Context.Tag("abox/SecretScrubber")<SecretScrubber, SecretScrubberShape>() {}

@@ -98,13 +98,7 @@ export type ReadError = SessionNotFound | SessionCorrupt | SessionFormatTooNew |
 
 /** One row of `list`: a session that decodes, or one that does not (with the reason). */
 export type SessionListing =
-  | {
-      readonly _tag: "Ok"
-      readonly id: string
-      readonly dir: string
-      readonly legacy: boolean
-      readonly meta: SessionMeta
-    }
+  | { readonly _tag: "Ok"; readonly id: string; readonly dir: string; readonly legacy: boolean; readonly meta: SessionMeta }
   | {
       readonly _tag: "Corrupt"
       readonly id: string
@@ -155,13 +149,8 @@ export interface SessionStoreShape {
   /** an id, or a bound name → the session id */
   readonly resolve: (ref: string) => Effect.Effect<string, SessionNotFound | SessionCorrupt | StoreIoError>
   // names (seed 001)
-  readonly bindName: (
-    name: string,
-    id: string
-  ) => Effect.Effect<NameBinding, NameTaken | InvalidName | SessionNotFound | StoreIoError>
-  readonly lookupName: (
-    name: string
-  ) => Effect.Effect<NameBinding, SessionNotFound | SessionCorrupt | StoreIoError>
+  readonly bindName: (name: string, id: string) => Effect.Effect<NameBinding, NameTaken | InvalidName | SessionNotFound | StoreIoError>
+  readonly lookupName: (name: string) => Effect.Effect<NameBinding, SessionNotFound | SessionCorrupt | StoreIoError>
   readonly unbindName: (name: string) => Effect.Effect<void, SessionNotFound | StoreIoError>
   readonly listNames: () => Effect.Effect<ReadonlyArray<NameBinding>, StoreIoError>
 }
