@@ -42,6 +42,13 @@ describe("SDK (Promise facade) over the fake backend", () => {
     expect(fs.existsSync(path.join(home, "sessions", id, "transcript.json"))).toBe(false)
   })
 
+  it("the phases of Open as events (a plain callback)", async () => {
+    const phases: Array<string> = []
+    const session = await sdk.open({ source, onPhase: (phase) => void phases.push(phase) })
+    await session.close()
+    expect(phases).toEqual(["snapshot", "clone", "config", "boot", "transfer", "ready"])
+  })
+
   it("leaving a turn early cancels it, and the session goes on", async () => {
     const session = await sdk.open({ source })
     try {

@@ -62,13 +62,20 @@ export interface BootOptions {
    * `$ABOX_HOME/broker.json` if it exists, else deny everything
    */
   readonly policy?: BrokerPolicy | undefined
-  /** told as each phase of Open/Resume begins (the CLI's step display) */
-  readonly onPhase?: ((phase: Phase) => Effect.Effect<void>) | undefined
+  /**
+   * told as each phase of Open/Resume begins (the CLI's step display; SDK users get the same
+   * phases): an Effect to run, or a plain callback (the Promise facade)
+   */
+  readonly onPhase?: ((phase: Phase) => Effect.Effect<void> | void) | undefined
 }
 
 export type Phase = "snapshot" | "clone" | "config" | "boot" | "transfer" | "ready"
 
-const phase = (options: BootOptions, name: Phase) => options.onPhase?.(name) ?? Effect.void
+const phase = (options: BootOptions, name: Phase): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const told = options.onPhase?.(name)
+    return Effect.isEffect(told) ? told : Effect.void
+  })
 
 export interface OpenOptions extends BootOptions {
   readonly source: string
