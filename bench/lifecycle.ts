@@ -31,7 +31,7 @@ import { type BenchContext, type Figure, cli, median, round, timeOnce } from "./
 import { accelInUse, bareBoot, freshDir, image } from "./vmm.js"
 
 /** an ABOX_HOME of its own whose images are the shared test image's */
-const benchHome = (ctx: BenchContext, name: string) => {
+export const benchHome = (ctx: BenchContext, name: string) => {
   const home = fs.mkdtempSync(path.join(ctx.tmp, `${name}-`))
   fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
   return home

@@ -12,6 +12,7 @@ import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
 import { listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
+import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
 import { scrubOverhead } from "./scrub.js"
 import { vmmClone, vmmOpenToHello, vmmRss } from "./vmm.js"
 
@@ -32,6 +33,9 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["lifecycleTurn", lifecycleTurn],
   ["transferTree50MB", transferTree50MB],
   ["lifecycleRss", lifecycleRss],
+  ["repoOpenNodeModules", repoOpenNodeModules],
+  ["repoOpenTinyFiles", repoOpenTinyFiles],
+  ["repoOpen200MB", repoOpen200MB],
   ["detachedExec", detachedExec]
 ]
 

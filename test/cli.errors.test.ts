@@ -100,7 +100,7 @@ describe("errors that escaped their types", () => {
     expect(r.stderr).toMatch(/^abox: cannot remove .*\.session\.json\.tmp-1[^\n]*\n$/)
   })
 
-  it("ABOX_QEMU_ACCEL and ABOX_VMM are checked: ConfigInvalid (97) before anything runs", () => {
+  it("ABOX_QEMU_ACCEL and ABOX_VMM are checked: ConfigInvalid (64) before anything runs", () => {
     const home = tempHome()
     const accel = runCli(home, ["run", sourceDir(), "--", "true"], { ABOX_QEMU_ACCEL: "foo" })
     expect(accel.code).toBe(exitCodeFor("ConfigInvalid"))
@@ -113,7 +113,7 @@ describe("errors that escaped their types", () => {
 })
 
 describe("bad values said in words, before anything is made", () => {
-  it("--cpus 0 and --memory 16: InvalidOption (98); nothing made, nothing booted", () => {
+  it("--cpus 0 and --memory 16: InvalidOption (64); nothing made, nothing booted", () => {
     const home = tempHome()
     for (const [flag, value] of [
       ["--cpus", "0"],

@@ -71,9 +71,13 @@ describe.skipIf(!hasScript)("abox open (interactive, on a terminal)", () => {
     child.stdin.write("\x03")
     await until("cancelled")
     await until("abox> ", 5)
-    child.stdin.write("echo after-cancel\n")
+    child.stdin.write("echo after-cancel > new-file.txt; echo after-cancel\n")
     await until("after-cancel\r\n")
     await until("abox> ", 6)
+    // the holder of the running session shows its diff
+    child.stdin.write("/diff --stat\n")
+    await until("new-file.txt | 1 +")
+    await until("abox> ", 7)
     child.stdin.write("/exit\n")
     expect(await exited).toBe(0)
 
@@ -86,7 +90,7 @@ describe.skipIf(!hasScript)("abox open (interactive, on a terminal)", () => {
     expect(transcript.entries.map((e) => [e.text, e.exitCode, e.cancelled])).toEqual([
       ["echo first-turn", 0, false],
       ["echo started; sleep 60", 130, true],
-      ["echo after-cancel", 0, false]
+      ["echo after-cancel > new-file.txt; echo after-cancel", 0, false]
     ])
     expect(transcript.entries[0]!.output).toBe("first-turn\n")
     const meta = JSON.parse(fs.readFileSync(path.join(home, "sessions", id, "session.json"), "utf8")) as {

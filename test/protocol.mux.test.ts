@@ -295,13 +295,17 @@ describe("Mux", () => {
     const open = (channel: number) => control({ type: "tunnel_open", channel, host: "h.test", port: 443 })
     expect(await violation([open(2)])).toMatch(/tunnel_open names channel 2: tunnels use odd ids/)
     expect(await violation([open(1), open(1)])).toMatch(/channel 1, a channel that is open/)
-    expect(
-      await violation([open(1), control({ type: "tunnel_close", channel: 1 }), open(1)])
-    ).toMatch(/channel 1, an id already used/)
+    expect(await violation([open(1), control({ type: "tunnel_close", channel: 1 }), open(1)])).toMatch(
+      /channel 1, an id already used/
+    )
     expect(await violation([open(5), open(3)])).toMatch(/channel 3, an id already used/)
     expect(
       await violation([control({ type: "transfer_begin", channel: 3, format: "tar", target: "/w" })])
     ).toMatch(/the host opens even ids/)
+    const exportOn = (channel: number) =>
+      control({ type: "export_begin", channel, tree: "repo", paths: [], exclude: [] })
+    expect(await violation([exportOn(3)])).toMatch(/export_begin names channel 3: the host opens even ids/)
+    expect(await violation([exportOn(4), exportOn(2)])).toMatch(/channel 2, an id already used/)
     // a bound on live channels: the 5th open of a mux that holds 4 closes the connection
     const [a, raw] = await socketPair()
     const mux = new Mux(a, { maxChannels: 4 })
@@ -432,7 +436,8 @@ describe("Mux", () => {
       return new Promise<void>((r) => release.push(r))
     })
     const frames: Array<Uint8Array> = []
-    for (let id = 1; id < 2000; id += 2) frames.push(control({ type: "tunnel_open", channel: id, host: "h.test", port: 443 }))
+    for (let id = 1; id < 2000; id += 2)
+      frames.push(control({ type: "tunnel_open", channel: id, host: "h.test", port: 443 }))
     raw.write(Buffer.concat(frames))
     await new Promise((r) => setTimeout(r, 100))
     expect(delivered).toBe(4)

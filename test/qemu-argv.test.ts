@@ -79,3 +79,55 @@ describe("QEMU argv", () => {
     delete process.env.ABOX_TEST_SECRET
   })
 })
+
+describe("repository disks on the command lines", () => {
+  it("QEMU: the overlay writable and the baseline read-only, by serial, on PCI slots after root and config", () => {
+    const argv = buildQemuArgv({
+      ...input,
+      repoDisks: { repo: "/s/repo.qcow2", repoFormat: "qcow2", base: "/s/a,b/repo-base.raw" }
+    })
+    expect(valueOf(argv, "-drive")).toEqual([
+      "file=/s/root.raw,format=raw,if=virtio,cache=writeback",
+      "file=/s/config.raw,format=raw,if=virtio,readonly=on",
+      "file=/s/repo.qcow2,format=qcow2,if=none,id=repo,cache=writeback",
+      "file=/s/a,,b/repo-base.raw,format=raw,if=none,id=base,readonly=on"
+    ])
+    expect(valueOf(argv, "-device")).toContain("virtio-blk-pci,drive=repo,serial=abox-repo,addr=0x10")
+    expect(valueOf(argv, "-device")).toContain("virtio-blk-pci,drive=base,serial=abox-base,addr=0x11")
+    expect(valueOf(buildQemuArgv(input), "-drive")).toHaveLength(2)
+  })
+
+  it("vfkit: raw disks with their device ids; a qcow2 overlay is refused", async () => {
+    const { buildVfkitArgv } = await import("../src/vmm/vfkit.js")
+    const Either = await import("effect/Either")
+    const base = {
+      kernel: "/img/Image",
+      initrd: "/img/initrd.gz",
+      rootDisk: "/s/root.raw",
+      configDisk: "/s/config.raw",
+      rpcSocket: "/s/rpc.sock",
+      restSocket: "/s/vfkit.sock",
+      consoleLog: "/s/console.log",
+      cpus: 2,
+      memoryMiB: 1024
+    }
+    const argv = Either.getOrThrow(
+      buildVfkitArgv({
+        ...base,
+        repoDisks: { repo: "/s/repo.raw", repoFormat: "raw", base: "/s/repo-base.raw" }
+      })
+    )
+    expect(valueOf(argv, "--device")).toContain("virtio-blk,path=/s/repo.raw,deviceId=abox-repo")
+    expect(valueOf(argv, "--device")).toContain(
+      "virtio-blk,path=/s/repo-base.raw,readonly,deviceId=abox-base"
+    )
+    expect(
+      Either.isLeft(
+        buildVfkitArgv({
+          ...base,
+          repoDisks: { repo: "/s/repo.qcow2", repoFormat: "qcow2", base: "/s/b.raw" }
+        })
+      )
+    ).toBe(true)
+  })
+})

@@ -49,6 +49,31 @@ describe("SDK (Promise facade) over the fake backend", () => {
     expect(phases).toEqual(["snapshot", "clone", "config", "boot", "transfer", "ready"])
   })
 
+  it("session.diff, files.read/write/list, apply; a stopped session's diff boots it; typed errors", async () => {
+    let id = ""
+    {
+      await using session = await sdk.open({ source })
+      id = session.id
+      await session.files.write("notes/new.txt", "written by the SDK\n")
+      expect(Buffer.from(await session.files.read("notes/new.txt")).toString()).toBe("written by the SDK\n")
+      expect((await session.files.list("notes")).map((e) => e.path)).toEqual(["notes/new.txt"])
+      await session.run("printf 'changed\\n' > hello.txt")
+      const patch = await session.diff()
+      expect(patch).toContain("diff --git a/hello.txt b/hello.txt")
+      expect(patch).toContain("+written by the SDK")
+      const error = await session.files.read("../outside").then(
+        () => undefined,
+        (e: unknown) => e
+      )
+      expect(error).toBeInstanceOf(sdk.RepoPathInvalid)
+      const target = fs.mkdtempSync(path.join(os.tmpdir(), "abox-sdk-apply-"))
+      fs.cpSync(source, target, { recursive: true })
+      expect(await session.apply({ to: target })).toEqual(["hello.txt", "notes/new.txt"])
+      expect(fs.readFileSync(path.join(target, "hello.txt"), "utf8")).toBe("changed\n")
+    }
+    expect(await sdk.diff(id, { stat: true })).toContain("hello.txt")
+  })
+
   it("leaving a turn early cancels it, and the session goes on", async () => {
     const session = await sdk.open({ source })
     try {

@@ -6,6 +6,10 @@
 export const exitCodeByTag: Readonly<Record<string, number>> = {
   // usage (bad flags, arguments)
   ValidationError: 64,
+  // usage too (64 like ValidationError, their own tags): an ABOX_* environment variable abox does
+  // not accept; --cpus or --memory out of range (open/run/resume)
+  ConfigInvalid: 64,
+  InvalidOption: 64,
   // store
   SessionNotFound: 65,
   SessionCorrupt: 66,
@@ -31,6 +35,11 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // VMM
   VmmError: 80,
   VmmUnavailable: 81,
+  // diff / apply / cp: a path outside the repository or taken; git missing or failing on the host
+  RepoPathInvalid: 82,
+  RepoToolFailed: 83,
+  // diff / apply / cp: an archive from the guest broke a rule
+  ArchiveRefused: 84,
   // guest protocol
   GuestTooOld: 85,
   GuestTooNew: 86,
@@ -46,10 +55,9 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // broker
   BrokerPolicyError: 95,
   BrokerError: 96,
-  // an ABOX_* environment variable with a value abox does not accept
-  ConfigInvalid: 97,
-  // open/resume: --cpus or --memory out of range
-  InvalidOption: 98
+  // apply: the source changed where the patch writes; the patch does not apply
+  SourceChanged: 97,
+  PatchFailed: 98
 }
 
 /** anything without its own code */

@@ -7,6 +7,8 @@ import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import { escapeControl } from "../lib/text.js"
+import * as Repo from "../programs/repo.js"
 import * as readline from "node:readline"
 import { writeJsonAtomic } from "../lib/atomicFile.js"
 import type { Session } from "../programs/session.js"
@@ -48,7 +50,8 @@ const loadTranscript = (file: string, sessionId: string): Effect.Effect<Transcri
   )
 
 const HELP =
-  "type a turn and press Enter · Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session · /help"
+  "type a turn and press Enter · Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session" +
+  " · /diff [--stat] shows the changes since Open · /help"
 
 /** what a turn is, for /help */
 const TURN_HELP = [
@@ -118,6 +121,21 @@ export const interactive = (session: Session) =>
       if (text === "/exit" || text === "/quit") break
       if (text === "/help") {
         process.stderr.write(TURN_HELP + "\n")
+        continue
+      }
+      if (text === "/diff" || text === "/diff --stat") {
+        // the holder of a running session runs what `abox diff` cannot from another process
+        yield* Repo.diff(session.connection, { stat: text.endsWith("--stat") }).pipe(
+          Effect.matchEffect({
+            onSuccess: (patch) =>
+              Effect.sync(() =>
+                process.stdout.write(
+                  patch === "" ? "(no changes)\n" : escapeControl(patch, { keepNewlines: true })
+                )
+              ),
+            onFailure: (error) => Effect.sync(() => process.stderr.write(`abox: ${error.message}\n`))
+          })
+        )
         continue
       }
       const started = new Date().toISOString()

@@ -7,6 +7,7 @@ import { prune } from "./commands/prune.js"
 import { rm } from "./commands/rm.js"
 import { doctorCommand, gcCommand, logs } from "./commands/maintenance.js"
 import { scrub } from "./commands/scrub.js"
+import { applyCommand, cpCommand, diffCommand } from "./commands/repo.js"
 import { openCommand, resumeCommand, run } from "./commands/session.js"
 import { show } from "./commands/show.js"
 import {
@@ -33,6 +34,9 @@ const subcommands = [
   scrub,
   doctorCommand,
   image,
+  diffCommand,
+  applyCommand,
+  cpCommand,
   startCommand,
   execCommand,
   attachCommand,

@@ -7,13 +7,17 @@
  * never crashes on them. Plain async TypeScript: the guest's start-up path carries no Effect
  * runtime beyond effect/Schema (see main.ts).
  */
+import { spawn } from "node:child_process"
+import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
 import type { ControlMessage } from "../protocol/Messages.js"
-import { PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
+import { changedEntries, exportOperands, exportTar } from "./exportTree.js"
 import { extractTar } from "./extract.js"
+import { baselineDir } from "./repoDisk.js"
 import type { TurnRunner } from "./turns.js"
 import { channelDuplex } from "./tunnels.js"
 
@@ -41,6 +45,8 @@ export interface GuestAgentOptions {
   readonly onTunnelMessage?: ((message: ControlMessage) => void) | undefined
   readonly log: (line: string) => void
   readonly now?: () => Date
+  /** the repository disk is mounted on repoDir (hello.repoDisk) */
+  readonly repoDisk?: boolean | undefined
 }
 
 /** why the conversation ended */
@@ -104,7 +110,9 @@ export class GuestAgent {
       build: this.options.build,
       contextTurns: this.history.length,
       // a window above v4's default lets the host keep a transfer's pipe full
-      ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {})
+      ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {}),
+      ...(this.options.repoDisk === true ? { repoDisk: true } : {}),
+      features: [FEATURE_EXPORT]
     })
     await link.sendControl({ type: "ready" })
     const end = await ended
@@ -134,7 +142,16 @@ export class GuestAgent {
     if (this.shuttingDown) return
     switch (message.type) {
       case "transfer_begin":
-        void this.transfer(message.channel, message.target)
+        void this.transfer(message.channel, message.target, message.baseline === true)
+        return
+      case "export_begin":
+        void this.exportTree(
+          message.channel,
+          message.tree,
+          message.paths,
+          message.exclude,
+          message.changed === true
+        )
         return
       case "user_turn":
         return this.startTurn(message.turn, message.text)
@@ -178,6 +195,58 @@ export class GuestAgent {
           message: `${message.type} is not a host-to-guest message`
         })
     }
+  }
+
+  /** a tar of part of the repository or of the baseline, on a host-chosen channel (guest → host) */
+  private async exportTree(
+    channel: number,
+    tree: "repo" | "baseline",
+    paths: ReadonlyArray<string>,
+    exclude: ReadonlyArray<string>,
+    changed = false
+  ): Promise<void> {
+    const { link, log } = this.options
+    if (this.transfers.has(channel)) {
+      await this.send({ type: "error", code: "export_failed", message: "channel already in use", channel })
+      return
+    }
+    this.transfers.add(channel)
+    const ch = link.channel(channel)
+    try {
+      const dir = tree === "repo" ? this.options.repoDir : baselineDir(this.options.stateDir)
+      const operands = changed
+        ? (await changedEntries(this.options.repoDir, baselineDir(this.options.stateDir), exclude))[tree]
+        : await exportOperands(dir, paths, exclude)
+      const bytes = await exportTar(dir, operands, ch, {
+        // the repository is read as the turn user; the baseline is root's
+        user: tree === "repo" ? this.options.owner : undefined
+      })
+      await this.send({ type: "transfer_end", channel, files: 0, bytes })
+    } catch (error) {
+      log(`export on channel ${channel} failed: ${errorText(error)}`)
+      ch.destroy("export failed")
+      await this.send({ type: "error", code: "export_failed", message: errorText(error), channel })
+    } finally {
+      this.transfers.delete(channel)
+    }
+  }
+
+  /** the tar path's baseline: a copy of what was just extracted, root's own (`cp -a`, native) */
+  private async copyBaseline(dir: string): Promise<void> {
+    const target = baselineDir(this.options.stateDir)
+    await fs.rm(target, { recursive: true, force: true })
+    await fs.mkdir(target, { recursive: true, mode: 0o700 })
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn("cp", ["-a", `${dir}/.`, `${target}/`], { stdio: ["ignore", "ignore", "pipe"] })
+      let stderr = ""
+      child.stderr.on("data", (chunk: Buffer) => {
+        stderr += chunk.toString("utf8")
+      })
+      child.once("error", reject)
+      child.once("exit", (code) =>
+        code === 0 ? resolve() : reject(new Error(`baseline copy: ${stderr.trim() || `exit ${code}`}`))
+      )
+    })
   }
 
   /**
@@ -230,7 +299,7 @@ export class GuestAgent {
     })
   }
 
-  private async transfer(channel: number, target: string): Promise<void> {
+  private async transfer(channel: number, target: string, baseline = false): Promise<void> {
     const { link, log } = this.options
     const readable = link.channel(channel).readable
     const dir = resolveTarget(target, this.options.repoDir)
@@ -256,6 +325,7 @@ export class GuestAgent {
         dir,
         this.options.owner === undefined ? {} : { owner: this.options.owner }
       )
+      if (baseline) await this.copyBaseline(dir)
       log(
         `transfer on channel ${channel}: ${result.files} files, ${result.bytes} bytes` +
           (result.skipped > 0 ? `, ${result.skipped} special entries skipped` : "") +

@@ -28,6 +28,7 @@ import { archName, GuestAgent, type AgentEnd, type AgentLink } from "./agent.js"
 import { CREDENTIAL_PLACEHOLDER, guestProxyEnv, startConnectProxy } from "./connectProxy.js"
 import { ensureStateDir, loadContext } from "./context.js"
 import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
+import { mountRepoDisks, type RepoDisks } from "./repoDisk.js"
 import { openRpc } from "./rpcPort.js"
 import { TunnelClient } from "./tunnels.js"
 import { TurnRunner } from "./turns.js"
@@ -233,6 +234,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
 
   let user: TurnUser | undefined
   let history
+  let disks: RepoDisks = { repo: false, baseline: false }
   try {
     user = isRoot() ? await resolveUser(flags.user) : undefined
     await ensureStateDir(flags.state)
@@ -242,6 +244,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     }
     history = loaded.turns
     await fs.mkdir(flags.repo, { recursive: true, mode: 0o755 })
+    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, flags.state)
     if (user !== undefined) await fs.chown(flags.repo, user.uid, user.gid)
   } catch (error) {
     return fail("setup_failed", `guest setup failed: ${errorText(error)}`, GuestExit.Setup)
@@ -271,7 +274,8 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     owner: user === undefined ? undefined : { uid: user.uid, gid: user.gid },
     ignoreShutdown: config.right.ignoreShutdown,
     onTunnelMessage: proxy.onTunnelMessage,
-    log
+    log,
+    repoDisk: disks.repo
   })
   log(
     `session ${config.right.sessionId} on ${rpc.describe}, ${history.length} turns remembered, ` +

@@ -44,6 +44,31 @@ export class ExtractError extends Error {
 export interface ExtractOptions {
   /** chown every created entry (root only) */
   readonly owner?: { readonly uid: number; readonly gid: number }
+  /**
+   * The host reading an archive the guest made (src/lib/hostExtract.ts): devices, FIFOs and
+   * other special entries are refused (not skipped), sizes and entry counts are bounded (checked
+   * on each header, before any byte is written), and with `linksInside` a symlink must point
+   * inside the tree (relative, never above it).
+   */
+  readonly untrusted?: {
+    readonly maxBytes: number
+    readonly maxEntries: number
+    readonly linksInside: boolean
+  }
+}
+
+/** a relative link target, from the link's own directory, stays inside the tree */
+export const linkStaysInside = (entryParts: ReadonlyArray<string>, linkpath: string): boolean => {
+  if (linkpath.startsWith("/")) return false
+  const stack = entryParts.slice(0, -1).slice()
+  for (const part of linkpath.split("/")) {
+    if (part === "" || part === ".") continue
+    if (part === "..") {
+      if (stack.length === 0) return false
+      stack.pop()
+    } else stack.push(part)
+  }
+  return true
 }
 
 export interface ExtractResult {
@@ -61,10 +86,9 @@ const isErrno = (error: unknown, code: string): boolean =>
 /** The relative components of an entry path, or a reason it is refused. */
 export const safeComponents = (entryPath: string): ReadonlyArray<string> | string => {
   if (entryPath.includes("\0")) return "path contains a NUL byte"
-  if (entryPath.startsWith("/") || /^[A-Za-z]:/.test(entryPath) || entryPath.startsWith("\\")) {
-    return "absolute path"
-  }
-  const parts = entryPath.split(/[/\\]+/).filter((part) => part !== "" && part !== ".")
+  // POSIX names: `/` is the only separator; `\` and `:` are ordinary characters of a name
+  if (entryPath.startsWith("/")) return "absolute path"
+  const parts = entryPath.split("/").filter((part) => part !== "" && part !== ".")
   if (parts.includes("..")) return "path contains '..'"
   return parts
 }
@@ -284,10 +308,35 @@ export const extractTar = async (
     }
   }
 
+  let entries = 0
+  const untrusted = options.untrusted
   const handle = async (entry: ReadEntry): Promise<void> => {
     if (failure !== undefined) return
     const parts = safeComponents(entry.path)
     if (typeof parts === "string") throw new ExtractError(`${describe(entry)}: ${parts}`)
+    if (untrusted !== undefined) {
+      if (++entries > untrusted.maxEntries) {
+        throw new ExtractError(`more than ${untrusted.maxEntries} entries`)
+      }
+      if (
+        (entry.type === "File" || entry.type === "OldFile" || entry.type === "ContiguousFile") &&
+        bytes + (entry.size ?? 0) > untrusted.maxBytes
+      ) {
+        throw new ExtractError(`${describe(entry)}: more than ${untrusted.maxBytes} bytes in all`)
+      }
+      if (
+        entry.type === "SymbolicLink" &&
+        untrusted.linksInside &&
+        !linkStaysInside(parts, entry.linkpath ?? "")
+      ) {
+        throw new ExtractError(
+          `${describe(entry)}: the link points outside (${JSON.stringify(entry.linkpath)})`
+        )
+      }
+      if (!["Directory", "File", "OldFile", "ContiguousFile", "SymbolicLink", "Link"].includes(entry.type)) {
+        throw new ExtractError(`${describe(entry)}: ${entry.type} entries are refused`)
+      }
+    }
     if (parts.length === 0) {
       // the archive's root ("./"): the repo dir itself
       if (entry.type === "Directory") return

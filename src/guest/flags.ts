@@ -18,6 +18,8 @@ export const GUEST_USAGE = `usage: abox-guest [flags]
                                    bundle (default /run/abox)
   --user <name|uid:gid>            unprivileged owner of the repo and of every turn process
                                    (default agent)
+  --repo-disks <auto|off>          mount the session's repository disks (labels abox-repo,
+                                   abox-base) on the repo and the baseline (default auto)
   --on-shutdown <poweroff|exit>    after shutdown: sync + poweroff -f, or exit 0 (default poweroff)
   --help                           this text`
 
@@ -35,7 +37,8 @@ export const GuestFlags = Schema.Struct({
   repo: Schema.NonEmptyString,
   run: Schema.NonEmptyString,
   user: Schema.NonEmptyString,
-  onShutdown: Schema.Literal("poweroff", "exit")
+  onShutdown: Schema.Literal("poweroff", "exit"),
+  repoDisks: Schema.Literal("auto", "off")
 })
 export type GuestFlags = typeof GuestFlags.Type
 
@@ -46,7 +49,8 @@ export const DEFAULT_FLAGS: GuestFlags = {
   repo: "/work/repo",
   run: "/run/abox",
   user: "agent",
-  onShutdown: "poweroff"
+  onShutdown: "poweroff",
+  repoDisks: "auto"
 }
 
 const flagNames: Record<string, keyof GuestFlags> = {
@@ -56,7 +60,8 @@ const flagNames: Record<string, keyof GuestFlags> = {
   "--repo": "repo",
   "--run": "run",
   "--user": "user",
-  "--on-shutdown": "onShutdown"
+  "--on-shutdown": "onShutdown",
+  "--repo-disks": "repoDisks"
 }
 
 export type ParsedArgs = { readonly _tag: "Run"; readonly flags: GuestFlags } | { readonly _tag: "Help" }

@@ -134,7 +134,7 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
       })
     })
 
-    return VmmBackend.of({ name: "vz", arch, start } satisfies VmmBackendShape)
+    return VmmBackend.of({ name: "vz", arch, start, repoDiskFormat: "raw" } satisfies VmmBackendShape)
   })
 
 /** The macOS VMM backend: vfkit (Virtualization.framework) behind the abox-vmm helper. */

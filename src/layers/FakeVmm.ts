@@ -158,6 +158,9 @@ export const make = (options: FakeVmmOptions = {}) =>
         runDir,
         "--on-shutdown",
         "exit",
+        // the host's block devices are never the guest's: no repository disk in a fake guest
+        "--repo-disks",
+        "off",
         ...(isRoot() ? ["--user", FAKE_GUEST_USER] : [])
       ]
       const [command, ...args] = options.command === undefined ? argv : options.command(spec, argv)

@@ -14,11 +14,12 @@ import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import type { AgentEvent, ControlMessage, HelloMessage } from "../protocol/Messages.js"
-import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
 import {
+  type ExportRequest,
   type ForwardChannel,
   ForwardRefused,
   type GuestConnection,
@@ -31,6 +32,7 @@ import {
   GuestTooOld,
   ProtocolError,
   TransferFailed,
+  type TransferOptions,
   type TunnelRequest,
   type TurnEvent
 } from "../services/GuestRpc.js"
@@ -191,7 +193,9 @@ const connect = (
 ): Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> =>
   Effect.gen(function* () {
     const mux = yield* Effect.acquireRelease(
-      Effect.sync(() => new Mux(socket, { maxControlQueue: CONTROL_BUFFER, maxChannels: MAX_GUEST_CHANNELS })),
+      Effect.sync(
+        () => new Mux(socket, { maxControlQueue: CONTROL_BUFFER, maxChannels: MAX_GUEST_CHANNELS })
+      ),
       (m) => Effect.sync(() => m.destroy())
     )
     socket.resume()
@@ -202,7 +206,10 @@ const connect = (
     const terminated = yield* Deferred.make<never, GuestRpcError>()
     const transfers = new Map<number, Deferred.Deferred<{ files: number; bytes: number }, TransferFailed>>()
     const turns = new Map<number, Turn>()
-    const forwards = new Map<number, { readonly port: number; readonly accepted: Deferred.Deferred<void, ForwardRefused> }>()
+    const forwards = new Map<
+      number,
+      { readonly port: number; readonly accepted: Deferred.Deferred<void, ForwardRefused> }
+    >()
     const tunnelQueue = yield* Effect.acquireRelease(Queue.bounded<TunnelRequest>(PENDING_TUNNELS), (q) =>
       Queue.shutdown(q)
     )
@@ -363,7 +370,10 @@ const connect = (
         yield* Deferred.fail(hello, error)
         yield* Deferred.fail(ready, error)
         for (const pending of forwards.values()) {
-          yield* Deferred.fail(pending.accepted, new ForwardRefused({ port: pending.port, message: error.message }))
+          yield* Deferred.fail(
+            pending.accepted,
+            new ForwardRefused({ port: pending.port, message: error.message })
+          )
         }
         for (const pending of transfers.values()) {
           yield* Deferred.fail(pending, new TransferFailed({ reason: error._tag, message: error.message }))
@@ -450,7 +460,8 @@ const connect = (
 
     const transfer = (
       tar: Stream.Stream<Uint8Array, TransferFailed>,
-      target: string
+      target: string,
+      transferOptions: TransferOptions = {}
     ): Effect.Effect<{ readonly files: number; readonly bytes: number }, TransferFailed | GuestRpcError> =>
       Effect.gen(function* () {
         const id = nextChannel
@@ -458,7 +469,13 @@ const connect = (
         const result = yield* Deferred.make<{ files: number; bytes: number }, TransferFailed>()
         transfers.set(id, result)
         yield* Effect.addFinalizer(() => Effect.sync(() => transfers.delete(id)))
-        yield* send({ type: "transfer_begin", channel: id, format: "tar", target })
+        yield* send({
+          type: "transfer_begin",
+          channel: id,
+          format: "tar",
+          target,
+          ...(transferOptions.baseline === true ? { baseline: true } : {})
+        })
         const channel = mux.channel(id)
         yield* Effect.addFinalizer(() => Effect.sync(() => channel.destroy("transfer finished")))
         // the sync path writes while credit and the socket allow; otherwise wait for them
@@ -500,6 +517,59 @@ const connect = (
         )
       }).pipe(Effect.scoped, Effect.withSpan("GuestRpc.transfer"))
 
+    /** guest → host: the channel is opened here before `export_begin` names it */
+    const exportTree = (request: ExportRequest): Stream.Stream<Uint8Array, TransferFailed | GuestRpcError> =>
+      Stream.unwrapScoped(
+        Effect.gen(function* () {
+          yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
+            Option.isSome(done) ? done.value : Effect.void
+          )
+          // a message type an older v4 guest would not decode: only when the guest lists it
+          if (helloMessage.features?.includes(FEATURE_EXPORT) !== true) {
+            return yield* new TransferFailed({
+              reason: "unsupported",
+              message:
+                "this session's guest cannot send files back (its image predates it): run image-update and open a new session"
+            })
+          }
+          const id = nextChannel
+          nextChannel += 2
+          const result = yield* Deferred.make<{ files: number; bytes: number }, TransferFailed>()
+          transfers.set(id, result)
+          yield* Effect.addFinalizer(() => Effect.sync(() => transfers.delete(id)))
+          const channel = mux.channel(id)
+          yield* Effect.addFinalizer(() => Effect.sync(() => channel.destroy("export finished")))
+          yield* send({
+            type: "export_begin",
+            channel: id,
+            tree: request.tree,
+            paths: [...request.paths],
+            exclude: [...(request.exclude ?? [])],
+            ...(request.changed === true ? { changed: true } : {})
+          })
+          // a refusal or a disconnect: the channel is destroyed first, which ends a pending read
+          // (an async iterator's return() would wait for it)
+          const failed = awaitOrTerminated(result).pipe(
+            Effect.tapError(() => Effect.sync(() => channel.destroy("export failed"))),
+            Effect.zipRight(Effect.never)
+          )
+          return channelStream(channel).pipe(
+            Stream.interruptWhen(failed),
+            // the bytes end with the guest's EOF; the export is complete only with its transfer_end
+            Stream.concat(Stream.drain(Stream.fromEffect(awaitOrTerminated(result)))),
+            Stream.catchAll((error: TransferFailed | GuestRpcError) =>
+              Stream.fromEffect(
+                Effect.flatMap(Deferred.poll(result), (done) =>
+                  Option.isSome(done)
+                    ? Effect.flatMap(done.value, () => Effect.fail(error))
+                    : Effect.fail(error)
+                )
+              )
+            )
+          )
+        })
+      ).pipe(Stream.withSpan("GuestRpc.exportTree"))
+
     const turn = (text: string): Stream.Stream<TurnEvent, GuestRpcError> =>
       Stream.unwrapScoped(
         Effect.gen(function* () {
@@ -540,9 +610,13 @@ const connect = (
       )
 
     /** a port forward: forward_open on a fresh even channel → forward_accept (or a refusal) → bytes */
-    const forward = (port: number): Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope> =>
+    const forward = (
+      port: number
+    ): Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope> =>
       Effect.gen(function* () {
-        yield* Effect.flatMap(Deferred.poll(terminated), (done) => (Option.isSome(done) ? done.value : Effect.void))
+        yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
+          Option.isSome(done) ? done.value : Effect.void
+        )
         const id = nextChannel
         nextChannel += 2
         const accepted = yield* Deferred.make<void, ForwardRefused>()
@@ -550,7 +624,9 @@ const connect = (
         yield* Effect.addFinalizer(() =>
           Effect.sync(() => forwards.delete(id)).pipe(
             // tunnel_close also drops our end of the channel (the mux notes it going out)
-            Effect.zipRight(mux.isClosed ? Effect.void : send({ type: "tunnel_close", channel: id }).pipe(Effect.ignore))
+            Effect.zipRight(
+              mux.isClosed ? Effect.void : send({ type: "tunnel_close", channel: id }).pipe(Effect.ignore)
+            )
           )
         )
         yield* send({ type: "forward_open", channel: id, port })
@@ -561,9 +637,10 @@ const connect = (
         return {
           read: channelStream(channel),
           write: (chunk: Uint8Array) =>
-            Effect.tryPromise({ try: () => channel.write(chunk), catch: (cause) => muxFailure(mux, cause) }).pipe(
-              Effect.mapError(disconnected)
-            ),
+            Effect.tryPromise({
+              try: () => channel.write(chunk),
+              catch: (cause) => muxFailure(mux, cause)
+            }).pipe(Effect.mapError(disconnected)),
           end: Effect.tryPromise({ try: () => channel.end(), catch: (cause) => muxFailure(mux, cause) }).pipe(
             Effect.mapError(disconnected)
           )
@@ -577,6 +654,7 @@ const connect = (
     return {
       hello: helloMessage,
       transfer,
+      exportTree,
       turn,
       cancel,
       shutdown,

@@ -198,7 +198,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       })
     })
 
-    return VmmBackend.of({ name: "qemu", arch, start } satisfies VmmBackendShape)
+    return VmmBackend.of({ name: "qemu", arch, start, repoDiskFormat: "qcow2" } satisfies VmmBackendShape)
   })
 
 /** The Linux VMM backend: QEMU (KVM when usable, else TCG) behind the abox-vmm helper. */

@@ -5,7 +5,7 @@ import * as Schema from "effect/Schema"
 
 /**
  * abox's environment variables, read through Config (tests use ConfigProvider.fromMap), each
- * checked: a value abox does not accept is `ConfigInvalid` (exit 97), never passed on to a VMM.
+ * checked: a value abox does not accept is `ConfigInvalid` (exit 64), never passed on to a VMM.
  * `ABOX_HOME` is read by AboxPaths.
  */
 export const qemuAccel = Config.literal(

@@ -11,6 +11,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
+import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -29,7 +30,13 @@ import { HttpsBroker, type BrokerPolicy, type BrokerSession } from "../services/
 import { Images, type GoldenImage } from "../services/Images.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
-import { VmmBackend, VmmError, type CloseBounds, type VmHandle } from "../services/VmmBackend.js"
+import {
+  VmmBackend,
+  VmmError,
+  type CloseBounds,
+  type RepoDisks,
+  type VmHandle
+} from "../services/VmmBackend.js"
 import { hostArch } from "../lib/arch.js"
 import { checkCompatibility } from "./compat.js"
 
@@ -67,6 +74,16 @@ export interface BootOptions {
    * phases): an Effect to run, or a plain callback (the Promise facade)
    */
   readonly onPhase?: ((phase: Phase) => Effect.Effect<void> | void) | undefined
+  /** told as the snapshot moves into the session (the CLI's progress bar) */
+  readonly onProgress?: ((progress: TransferProgress) => Effect.Effect<void>) | undefined
+}
+
+/** how far a transfer is: bytes (and files, where known) of the totals */
+export interface TransferProgress {
+  readonly files: number
+  readonly bytes: number
+  readonly totalFiles: number
+  readonly totalBytes: number
 }
 
 export type Phase = "snapshot" | "clone" | "config" | "boot" | "transfer" | "ready"
@@ -199,7 +216,8 @@ const boot = Effect.fn("session.boot")(function* (
   image: Pick<GoldenImage, "kernel" | "initrd" | "arch">,
   lock: HeldLock,
   options: BootOptions,
-  policy: BrokerPolicy
+  policy: BrokerPolicy,
+  repoDisks: RepoDisks | undefined
 ) {
   const store = yield* SessionStore
   const vmm = yield* VmmBackend
@@ -255,7 +273,8 @@ const boot = Effect.fn("session.boot")(function* (
     cpus: options.cpus ?? meta.resources?.cpus ?? DEFAULT_CPUS,
     memoryMiB: options.memoryMiB ?? meta.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
     lockFd: lock.fd,
-    bounds: { ...DEFAULT_BOUNDS, ...options.bounds }
+    bounds: { ...DEFAULT_BOUNDS, ...options.bounds },
+    ...(repoDisks === undefined ? {} : { repoDisks })
   })
   yield* Ref.set(vmRef, Option.some(vm))
 
@@ -345,7 +364,10 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
 
   yield* checkResources(options)
   yield* phase(options, "snapshot")
+  // resolved once (a source path that is a symlink names its target) and scanned: an unreadable
+  // entry is a SourceInvalid naming it, before anything is made
   const snapshot = yield* snapshotSource(options.source)
+  const scan = snapshot.scan
   const policy = options.policy ?? (yield* defaultPolicy)
   const image = yield* images.resolve(options.image)
   if (image.arch !== vmm.arch) {
@@ -355,10 +377,11 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
       message: `image ${image.identity.name} is ${image.arch}; the ${vmm.name} backend here runs ${vmm.arch} guests`
     })
   }
+  const tools = vmm.repoDiskFormat === undefined ? undefined : yield* repoDiskTools(vmm.repoDiskFormat)
 
   // binds the name too (NameTaken before anything is made); undo removes both
   const meta = yield* store.create({
-    source: path.resolve(options.source),
+    source: scan.root,
     model: options.model ?? DEFAULT_MODEL,
     name: options.name,
     image: image.identity,
@@ -368,15 +391,51 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     policy
   })
   const dir = store.dir(meta.id)
+  const progress = (done: boolean) =>
+    options.onProgress?.({
+      files: done ? scan.files : 0,
+      bytes: done ? scan.bytes : 0,
+      totalFiles: scan.files,
+      totalBytes: scan.bytes
+    }) ?? Effect.void
 
   return yield* transactional(
     Effect.gen(function* () {
       const held = yield* lock.acquire(meta.id)
       yield* phase(options, "clone")
       yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
-      const booted = yield* boot(meta, image, held, options, policy)
-      yield* phase(options, "transfer")
-      yield* booted.connection.transfer(snapshot.tar, GUEST_REPO)
+      // the snapshot as a disk built here (no per-file work in the guest), where the backend
+      // attaches one and the tools are present; else a tar streamed in after the hello
+      let disks: RepoDisks | undefined = undefined
+      if (vmm.repoDiskFormat !== undefined && tools !== undefined) {
+        yield* phase(options, "transfer")
+        yield* progress(false)
+        disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
+        if (disks !== undefined) yield* progress(true)
+      }
+      const booted = yield* boot(meta, image, held, options, policy, disks)
+      if (disks === undefined || booted.connection.hello.repoDisk !== true) {
+        yield* phase(options, "transfer")
+        yield* progress(false)
+        // the tar's bytes as they go (headers included, so a little above the files' bytes)
+        let sent = 0
+        let told = 0
+        const counted = snapshot.tar.pipe(
+          Stream.tap((chunk) => {
+            sent += chunk.length
+            if (options.onProgress === undefined || sent - told < 1024 * 1024) return Effect.void
+            told = sent
+            return options.onProgress({
+              files: 0,
+              bytes: Math.min(sent, scan.bytes),
+              totalFiles: scan.files,
+              totalBytes: scan.bytes
+            })
+          })
+        )
+        yield* booted.connection.transfer(counted, GUEST_REPO, { baseline: true })
+        yield* progress(true)
+      }
       yield* phase(options, "ready")
       return sessionFrom(meta, dir, booted, snapshot.skipped)
     }),
@@ -433,7 +492,9 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         { ...image, arch: compat.guest.arch },
         held,
         { ...options, model: meta.model },
-        policy
+        policy,
+        // a backend without repository disks cannot resume a session that has them
+        vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(store.dir(id))
       )
       const connection = booted.connection
       // the guest's own word on its protocol wins over what was recorded (or backfilled)

@@ -40,8 +40,21 @@ export const Hello = msg("hello", {
    * the guest's receive window per channel (host → guest DATA), in bytes; absent: 256 KiB.
    * Never below 256 KiB, so that a host may always send the v4 default.
    */
-  window: Schema.optional(Schema.Int.pipe(Schema.between(256 * 1024, 0xffffffff)))
+  window: Schema.optional(Schema.Int.pipe(Schema.between(256 * 1024, 0xffffffff))),
+  /**
+   * the guest mounted the session's repository disk on /work/repo (and its baseline read-only):
+   * the host sends no snapshot tar at Open
+   */
+  repoDisk: Schema.optional(Schema.Boolean),
+  /**
+   * host → guest message types beyond the first v4 set that this guest understands; the host
+   * sends such a message only when it is listed here (`export`: export_begin)
+   */
+  features: Schema.optional(Schema.Array(Schema.String))
 })
+
+/** hello.features: the guest understands export_begin (and keeps a baseline) */
+export const FEATURE_EXPORT = "export"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
@@ -67,7 +80,28 @@ export const Cancel = msg("cancel", { turn: Schema.Number })
 export const TransferBegin = msg("transfer_begin", {
   channel: Schema.Number,
   format: Schema.Literal("tar"),
-  target: Schema.String
+  target: Schema.String,
+  /** Open's snapshot: once extracted, the guest keeps a copy as the baseline (abox diff) */
+  baseline: Schema.optional(Schema.Boolean)
+})
+/** the trees the guest can send back: the repository, or the baseline recorded at Open */
+export const ExportTree = Schema.Literal("repo", "baseline")
+export type ExportTree = typeof ExportTree.Type
+/**
+ * host → guest: send a tar of `paths` (relative to the tree's root; empty = the whole tree,
+ * less the top-level names in `exclude`) on `channel` (even, host-chosen), then EOF and
+ * `transfer_end`; a failure is `error {code: "export_failed", channel}`.
+ */
+export const ExportBegin = msg("export_begin", {
+  channel: Schema.Number,
+  tree: ExportTree,
+  paths: Schema.Array(Schema.String),
+  exclude: Schema.Array(Schema.String),
+  /**
+   * only the files and links that differ between the repository and the baseline (type, mode,
+   * size, mtime, ctime, link target), or are on one side only; `paths` is then ignored
+   */
+  changed: Schema.optional(Schema.Boolean)
 })
 export const Shutdown = msg("shutdown", {})
 export const TunnelAccept = msg("tunnel_accept", { channel: Schema.Number })
@@ -101,6 +135,7 @@ export const ControlMessage = Schema.Union(
   UserTurn,
   Cancel,
   TransferBegin,
+  ExportBegin,
   Shutdown,
   TunnelAccept,
   TunnelDeny,

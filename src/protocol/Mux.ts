@@ -535,7 +535,12 @@ export class Mux {
 
   /** control messages that open or close channels, in either direction */
   private noteOutgoing(message: ControlMessage): void {
-    if (message.type === "transfer_begin" || message.type === "forward_open") this.open(message.channel)
+    if (
+      message.type === "transfer_begin" ||
+      message.type === "forward_open" ||
+      message.type === "export_begin"
+    )
+      this.open(message.channel)
     else if (message.type === "tunnel_deny" || message.type === "tunnel_close") {
       const channel = this.channels.get(message.channel)
       if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed`)
@@ -549,6 +554,7 @@ export class Mux {
         if (message.window !== undefined) this.peerWindow = message.window
         return undefined
       case "transfer_begin":
+      case "export_begin":
       case "tunnel_open":
       case "forward_open": {
         const id = message.channel
@@ -592,7 +598,8 @@ export class Mux {
       this.protocolError(cause instanceof FrameError ? cause.reason : String(cause), cause)
       return
     }
-    this.backlog = this.backlogAt < this.backlog.length ? [...this.backlog.slice(this.backlogAt), ...frames] : frames
+    this.backlog =
+      this.backlogAt < this.backlog.length ? [...this.backlog.slice(this.backlogAt), ...frames] : frames
     this.backlogAt = 0
     this.processBacklog()
   }

@@ -21,6 +21,7 @@ import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import * as path from "node:path"
 import { AboxLive } from "../layers/Main.js"
+import * as Repo from "../programs/repo.js"
 import * as Detached from "../programs/detached.js"
 import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
@@ -64,11 +65,32 @@ export { SessionIncompatible } from "../programs/compat.js"
 export { InvalidOption } from "../programs/session.js"
 export { SourceInvalid } from "../lib/snapshot.js"
 export { ConfigInvalid } from "../lib/env.js"
+export {
+  ArchiveRefused,
+  SourceChanged,
+  PatchFailed,
+  RepoPathInvalid,
+  RepoToolFailed
+} from "../services/RepoErrors.js"
+export type { DiffOptions, ApplyOptions, RepoEntry } from "../programs/repo.js"
+export type { TransferProgress } from "../programs/session.js"
 
 /** The Effect API: the programs, and the layer that provides what they need. */
 export const Abox = {
   open: Programs.open,
   resume: Programs.resume,
+  /** the repository operations on a session's connection (`session.connection`) */
+  diff: Repo.diff,
+  apply: Repo.apply,
+  files: {
+    read: Repo.readFile,
+    write: Repo.writeFile,
+    list: Repo.listFiles,
+    copyOut: Repo.copyOut,
+    copyIn: Repo.copyIn
+  },
+  /** a stopped session: boots it, runs the operation on its connection, closes it */
+  withConnection: Repo.withConnection,
   layer: AboxLive
 } as const
 
@@ -123,6 +145,22 @@ export interface SessionHandle extends AsyncDisposable {
   /** Close: shutdown RPC → bounded stop of the VM → unlock. Idempotent. */
   close(): Promise<void>
   readonly closed: boolean
+  /** the changes since Open as a git patch (or `--stat` with `{ stat: true }`) */
+  diff(options?: Repo.DiffOptions): Promise<string>
+  /** applies the changes to a host directory (default: the source); SourceChanged if it changed there */
+  apply(options?: Partial<Repo.ApplyOptions>): Promise<ReadonlyArray<string>>
+  /** the repository's files (paths relative to /work/repo); written files belong to the repository user */
+  readonly files: SessionFiles
+}
+
+export interface SessionFiles {
+  read(path: string): Promise<Uint8Array>
+  write(path: string, data: Uint8Array | string, mode?: number): Promise<void>
+  list(path?: string): Promise<ReadonlyArray<Repo.RepoEntry>>
+  /** a file or directory of the session to a host path (a new name, or into a directory) */
+  copyOut(guestPath: string, hostPath: string): Promise<void>
+  /** a host file or directory into a directory of the session */
+  copyIn(hostPath: string, guestDir: string): Promise<void>
 }
 
 /** a turn's stream as an async iterable; leaving the loop early interrupts the stream (cancels the turn) */
@@ -196,10 +234,41 @@ const handleFor = async (
     get closed() {
       return closing !== undefined
     },
-    [Symbol.asyncDispose]: close
+    [Symbol.asyncDispose]: close,
+    diff: (options) => run(Repo.diff(session.connection, options)),
+    apply: (options) =>
+      run(Repo.apply(session.connection, { ...options, to: options?.to ?? session.meta.source })),
+    files: filesOf(session)
   }
   return handle
 }
+
+const filesOf = (session: Programs.Session): SessionFiles => ({
+  read: (path) => run(Repo.readFile(session.connection, path)),
+  write: (path, data, mode) => run(Effect.asVoid(Repo.writeFile(session.connection, path, data, mode))),
+  list: (path) => run(Repo.listFiles(session.connection, path)),
+  copyOut: (guestPath, hostPath) => run(Effect.asVoid(Repo.copyOut(session.connection, guestPath, hostPath))),
+  copyIn: (hostPath, guestDir) => run(Effect.asVoid(Repo.copyIn(session.connection, hostPath, guestDir)))
+})
+
+/** a stopped session's changes as a git patch: the session boots for it and closes again */
+export const diff = (ref: string, options: Repo.DiffOptions = {}): Promise<string> =>
+  run(Repo.withConnection(ref, (connection) => Repo.diff(connection, options)))
+
+/**
+ * A stopped session's changes applied to a host directory (default: the session's recorded
+ * source); refuses with SourceChanged (and the paths) where that directory changed since Open.
+ */
+export const apply = (
+  ref: string,
+  options: Partial<Repo.ApplyOptions> = {}
+): Promise<ReadonlyArray<string>> =>
+  run(
+    Effect.gen(function* () {
+      const to = options.to ?? (yield* Repo.recordedSource(ref))
+      return yield* Repo.withConnection(ref, (connection) => Repo.apply(connection, { ...options, to }))
+    })
+  )
 
 /** Open: a new session on `options.source` (snapshot → clone golden → boot → transfer). */
 export const open = (options: Programs.OpenOptions): Promise<SessionHandle> =>
@@ -260,9 +329,27 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
     get closed() {
       return closed
     },
-    [Symbol.asyncDispose]: close
+    [Symbol.asyncDispose]: close,
+    // the repository operations are not on the control socket yet: a typed refusal, not a hang
+    diff: () => notOverControl(id),
+    apply: () => notOverControl(id),
+    files: {
+      read: () => notOverControl(id),
+      write: () => notOverControl(id),
+      list: () => notOverControl(id),
+      copyOut: () => notOverControl(id),
+      copyIn: () => notOverControl(id)
+    }
   }
 }
+
+const notOverControl = (id: string): Promise<never> =>
+  Promise.reject(
+    new ControlRefused({
+      tag: "Unsupported",
+      message: `session ${id} is held by a supervisor: diff, apply and files do not go over its control socket yet (stop it, then use diff/apply on the stopped session)`
+    })
+  )
 
 /** stop a detached session (its supervisor runs Close and exits); false if nobody served it */
 export const stopDetached = async (ref: string): Promise<boolean> => {

@@ -80,7 +80,11 @@ export interface TunnelRequest {
   readonly host: string
   readonly port: number
   readonly accept: () => Effect.Effect<
-    { readonly read: Stream.Stream<Uint8Array, GuestDisconnected>; readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>; readonly close: Effect.Effect<void> },
+    {
+      readonly read: Stream.Stream<Uint8Array, GuestDisconnected>
+      readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>
+      readonly close: Effect.Effect<void>
+    },
     GuestDisconnected
   >
   readonly deny: (reason: string) => Effect.Effect<void>
@@ -91,8 +95,15 @@ export interface GuestConnection {
   /** stream a tar of the snapshot into the guest's target directory (/work/repo) */
   readonly transfer: (
     tar: Stream.Stream<Uint8Array, TransferFailed>,
-    target: string
+    target: string,
+    options?: TransferOptions
   ) => Effect.Effect<{ readonly files: number; readonly bytes: number }, TransferFailed | GuestRpcError>
+  /**
+   * a tar of `paths` of the repository (or of the baseline recorded at Open) from the guest:
+   * the guest's bytes as they come (untrusted: check every entry, src/lib/hostExtract.ts); the
+   * stream fails unless the guest ends it with `transfer_end`
+   */
+  readonly exportTree: (request: ExportRequest) => Stream.Stream<Uint8Array, TransferFailed | GuestRpcError>
   /** one turn: its events as they come, ending with `End`; interrupting the stream cancels the turn */
   readonly turn: (text: string) => Stream.Stream<TurnEvent, GuestRpcError>
   readonly cancel: (turn: number) => Effect.Effect<void, GuestRpcError>
@@ -102,6 +113,21 @@ export interface GuestConnection {
   readonly tunnels: Stream.Stream<TunnelRequest>
   /** a byte stream to 127.0.0.1:<port> in the guest (protocol `forward_open`); closed with the scope */
   readonly forward: (port: number) => Effect.Effect<ForwardChannel, ForwardRefused | GuestRpcError, Scope.Scope>
+}
+
+export interface TransferOptions {
+  /** Open's snapshot: the guest keeps a copy of it as the baseline of `abox diff` */
+  readonly baseline?: boolean | undefined
+}
+
+export interface ExportRequest {
+  readonly tree: "repo" | "baseline"
+  /** relative to the tree's root; empty: the whole tree */
+  readonly paths: ReadonlyArray<string>
+  /** top-level names left out when `paths` is empty */
+  readonly exclude?: ReadonlyArray<string> | undefined
+  /** only what differs between the repository and the baseline (for a diff) */
+  readonly changed?: boolean | undefined
 }
 
 export interface GuestRpcOptions {
@@ -120,7 +146,11 @@ export interface GuestRpcShape {
   readonly listen: (
     socketPath: string,
     options: GuestRpcOptions
-  ) => Effect.Effect<{ readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> }, GuestDisconnected, Scope.Scope>
+  ) => Effect.Effect<
+    { readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> },
+    GuestDisconnected,
+    Scope.Scope
+  >
 }
 
 export class GuestRpc extends Context.Tag("abox/GuestRpc")<GuestRpc, GuestRpcShape>() {}

@@ -34,7 +34,22 @@ export interface VmSpec {
   readonly bounds: CloseBounds
   /** extra kernel command line words (tests) */
   readonly kernelArgs?: ReadonlyArray<string>
+  /** the session's repository disks (src/lib/repoDisk.ts), when it has them */
+  readonly repoDisks?: RepoDisks | undefined
 }
+
+/**
+ * The repository disks (docs/on-disk.md): `repo` is attached writable (/dev/vdc; the guest
+ * mounts it on /work/repo), `base` read-only (/dev/vdd; the baseline `abox diff` compares with).
+ */
+export interface RepoDisks {
+  readonly repo: string
+  readonly repoFormat: RepoDiskFormat
+  readonly base: string
+}
+
+/** qcow2: a copy-on-write overlay whose backing file is `base` (QEMU); raw: a clone of it (vfkit) */
+export type RepoDiskFormat = "raw" | "qcow2"
 
 export interface VmExit {
   readonly exitCode: number | null
@@ -73,6 +88,8 @@ export interface VmmBackendShape {
   readonly name: VmmBackendName
   readonly arch: GuestArch
   readonly start: (spec: VmSpec) => Effect.Effect<VmHandle, VmmError | VmmUnavailable, Scope.Scope>
+  /** the repository disk format this backend attaches; absent: none (the snapshot goes as a tar) */
+  readonly repoDiskFormat?: RepoDiskFormat
 }
 
 export class VmmBackend extends Context.Tag("abox/VmmBackend")<VmmBackend, VmmBackendShape>() {}

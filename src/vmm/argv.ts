@@ -1,4 +1,5 @@
 import type { GuestArch } from "../services/SessionStore.js"
+import type { RepoDisks } from "../services/VmmBackend.js"
 
 export type Accel = "kvm" | "tcg" | "hvf"
 
@@ -14,6 +15,7 @@ export interface QemuArgvInput {
   readonly cpus: number
   readonly memoryMiB: number
   readonly kernelArgs?: ReadonlyArray<string> | undefined
+  readonly repoDisks?: RepoDisks | undefined
 }
 
 export const qemuBinary = (arch: GuestArch): string =>
@@ -58,6 +60,22 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     `file=${escapeOptionValue(input.rootDisk)},format=raw,if=virtio,cache=writeback`,
     "-drive",
     `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`,
+    // the repository (writable: an overlay of the baseline) and the baseline (read-only), found
+    // by the guest by their serials; pinned to high PCI slots so that they enumerate after the
+    // root and config disks (auto-assigned low slots), which stay vda and vdb for the initrd
+    // of every image
+    ...(input.repoDisks === undefined
+      ? []
+      : [
+          "-drive",
+          `file=${escapeOptionValue(input.repoDisks.repo)},format=${input.repoDisks.repoFormat},if=none,id=repo,cache=writeback`,
+          "-device",
+          "virtio-blk-pci,drive=repo,serial=abox-repo,addr=0x10",
+          "-drive",
+          `file=${escapeOptionValue(input.repoDisks.base)},format=raw,if=none,id=base,readonly=on`,
+          "-device",
+          "virtio-blk-pci,drive=base,serial=abox-base,addr=0x11"
+        ]),
     "-device",
     "virtio-serial-pci",
     "-chardev",

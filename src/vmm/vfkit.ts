@@ -16,6 +16,7 @@ import * as fs from "node:fs"
 import * as http from "node:http"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
+import type { RepoDisks } from "../services/VmmBackend.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
 export const RPC_VSOCK_PORT = 1024
@@ -33,6 +34,8 @@ export interface VfkitArgvInput {
   readonly cpus: number
   readonly memoryMiB: number
   readonly kernelArgs?: ReadonlyArray<string> | undefined
+  /** the repository disks (raw: vfkit attaches raw images only) */
+  readonly repoDisks?: RepoDisks | undefined
 }
 
 export class VfkitPathError extends Data.TaggedError("VfkitPathError")<{
@@ -89,6 +92,23 @@ export const buildVfkitArgv = (input: VfkitArgvInput): Either.Either<Array<strin
     const consoleLog = yield* checkVfkitPath(input.consoleLog)
     const rpc = yield* checkVfkitPath(input.rpcSocket, true)
     const rest = yield* checkVfkitPath(input.restSocket, true)
+    const repoDisks: Array<string> = []
+    if (input.repoDisks !== undefined) {
+      if (input.repoDisks.repoFormat !== "raw") {
+        return yield* Either.left(
+          new VfkitPathError({ path: input.repoDisks.repo, reason: "vfkit attaches raw disk images only" })
+        )
+      }
+      const repo = yield* checkVfkitPath(input.repoDisks.repo)
+      const base = yield* checkVfkitPath(input.repoDisks.base)
+      // deviceId: the virtio serial the guest finds each disk by
+      repoDisks.push(
+        "--device",
+        `virtio-blk,path=${repo},deviceId=abox-repo`,
+        "--device",
+        `virtio-blk,path=${base},readonly,deviceId=abox-base`
+      )
+    }
     return [
       "--cpus",
       String(input.cpus),
@@ -104,6 +124,7 @@ export const buildVfkitArgv = (input: VfkitArgvInput): Either.Either<Array<strin
       `virtio-blk,path=${root}`,
       "--device",
       `virtio-blk,path=${config},readonly`,
+      ...repoDisks,
       "--device",
       `virtio-serial,logFilePath=${consoleLog}`,
       "--device",

@@ -19,6 +19,7 @@ import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { remove } from "../../programs/remove.js"
 import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
+import { progressBar } from "../progress.js"
 import { holdingSession } from "../runMain.js"
 import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
@@ -88,11 +89,13 @@ const openFromArgs = (
     readonly name: Option.Option<string>
     readonly image: Option.Option<string>
   },
-  onPhase: BootOptions["onPhase"]
+  onPhase: BootOptions["onPhase"],
+  onProgress: BootOptions["onProgress"]
 ) =>
   Effect.gen(function* () {
     const options: OpenOptions = {
       ...(yield* bootOptions(args, onPhase)),
+      onProgress,
       source: args.source,
       name: Option.getOrUndefined(args.name),
       image: Option.getOrUndefined(args.image)
@@ -213,7 +216,8 @@ export const run = Command.make(
             Effect.gen(function* () {
               const session = yield* openFromArgs(
                 args,
-                yield* stepDisplay(!args.json && process.stderr.isTTY === true)
+                yield* stepDisplay(!args.json && process.stderr.isTTY === true),
+                progressBar(!args.json && process.stderr.isTTY === true)
               )
               yield* Ref.set(opened, session)
               yield* oneTurn(session, args.turn, args.json)
@@ -250,7 +254,7 @@ export const openCommand = Command.make(
           holdingSession(
             Effect.scoped(
               Effect.gen(function* () {
-                const session = yield* openFromArgs(args, yield* stepDisplay(true))
+                const session = yield* openFromArgs(args, yield* stepDisplay(true), progressBar(true))
                 for (const skipped of session.skipped)
                   yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
                 yield* interactive(session)

@@ -1,0 +1,521 @@
+/**
+ * The agent's work, out (and files, in): `abox diff`, `abox apply`, `abox cp`, and the SDK's
+ * `session.diff()` / `session.files`. Each operation is a function of a `GuestConnection` (what
+ * a session's holder has: the CLI that opened it, the SDK's handle, later a detached session's
+ * control socket), plus `withConnection` for a stopped session, which boots it (Resume), runs
+ * the operation and closes it again: one checked path (the protocol's export channel) for
+ * every byte that leaves the guest, never a host-side parser of a disk the guest wrote.
+ *
+ * The baseline is what Open transferred, kept by the guest, root-owned and out of the turn
+ * user's reach: the read-only repository disk on `/var/lib/abox/baseline` (or a copy there
+ * after a tar transfer). A diff exports the baseline and the repository (less the top-level
+ * `.git`, the user's own, which is copied as it is and never part of the patch), writes both
+ * into a fresh host directory through the untrusted-archive extractor, and lets host git
+ * compare two trees made from them with no filters and no configuration of the user's.
+ */
+import * as Effect from "effect/Effect"
+import { spawn } from "node:child_process"
+import { createHash } from "node:crypto"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { safeComponents } from "../guest/extract.js"
+import { DEFAULT_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
+import { scanSource, tarSnapshot } from "../lib/snapshot.js"
+import type { GuestConnection } from "../services/GuestRpc.js"
+import { PatchFailed, RepoPathInvalid, RepoToolFailed, SourceChanged } from "../services/RepoErrors.js"
+import { SessionStore } from "../services/SessionStore.js"
+import { GUEST_REPO, resume, type BootOptions } from "./session.js"
+
+/** the user's own repository metadata: copied in as it is, never part of a diff */
+export const DIFF_EXCLUDE = [".git"]
+
+const errorText = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+
+const tool = (name: string, message: string) => new RepoToolFailed({ tool: name, message })
+
+/** a scoped temporary directory (removed with the scope) */
+const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: () => fs.mkdtemp(path.join(parent, prefix)),
+      catch: (cause) => tool("fs", `cannot create a temporary directory in ${parent}: ${errorText(cause)}`)
+    }),
+    (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
+  )
+
+/** git with no system/global configuration, no pager, no colour, never a prompt */
+const git = (
+  args: ReadonlyArray<string>,
+  options: {
+    readonly cwd?: string
+    readonly env?: Record<string, string>
+    readonly input?: Uint8Array | string
+  } = {}
+) =>
+  Effect.async<Buffer, RepoToolFailed>((resume) => {
+    const child = spawn("git", args, {
+      cwd: options.cwd,
+      stdio: ["pipe", "pipe", "pipe"],
+      env: {
+        PATH: process.env.PATH ?? "/usr/bin:/bin",
+        HOME: os.tmpdir(),
+        LANG: "C",
+        GIT_CONFIG_NOSYSTEM: "1",
+        GIT_CONFIG_GLOBAL: "/dev/null",
+        GIT_TERMINAL_PROMPT: "0",
+        GIT_PAGER: "cat",
+        ...options.env
+      }
+    })
+    const out: Array<Buffer> = []
+    let stderr = ""
+    child.stdout.on("data", (chunk: Buffer) => out.push(chunk))
+    child.stderr.on("data", (chunk: Buffer) => {
+      if (stderr.length < 16384) stderr += chunk.toString("utf8")
+    })
+    child.stdin.on("error", () => undefined)
+    child.once("error", (cause) =>
+      resume(Effect.fail(tool("git", `git is needed on the host for this: ${cause.message}`)))
+    )
+    child.once("close", (code) =>
+      resume(
+        code === 0
+          ? Effect.succeed(Buffer.concat(out))
+          : Effect.fail(tool("git", `git ${args[0]} exited ${code}: ${stderr.trim()}`))
+      )
+    )
+    child.stdin.end(options.input ?? "")
+    return Effect.sync(() => void child.kill("SIGKILL"))
+  })
+
+/** a relative path inside the repository (no `..`, not absolute), normalised; "" is the root */
+export const repoPath = (given: string): Effect.Effect<string, RepoPathInvalid> => {
+  const inside =
+    given === GUEST_REPO
+      ? ""
+      : given.startsWith(GUEST_REPO + "/")
+        ? given.slice(GUEST_REPO.length + 1)
+        : given
+  const parts = inside.startsWith("/") ? "absolute path outside /work/repo" : safeComponents(inside)
+  if (typeof parts === "string") {
+    return Effect.fail(
+      new RepoPathInvalid({
+        path: given,
+        message: `${JSON.stringify(given)} is not a path inside the repository (${parts})`
+      })
+    )
+  }
+  return Effect.succeed(parts.join("/"))
+}
+
+// ---- trees as git objects ----
+
+interface TreeEntry {
+  readonly path: string
+  readonly mode: "100644" | "100755" | "120000"
+}
+
+const walk = async (root: string): Promise<ReadonlyArray<TreeEntry & { readonly full: string }>> => {
+  const out: Array<TreeEntry & { readonly full: string }> = []
+  const pending = [""]
+  while (pending.length > 0) {
+    const rel = pending.pop()!
+    for (const entry of await fs.readdir(path.join(root, rel), { withFileTypes: true })) {
+      const relPath = rel === "" ? entry.name : `${rel}/${entry.name}`
+      const full = path.join(root, relPath)
+      if (entry.isDirectory()) pending.push(relPath)
+      else if (entry.isSymbolicLink()) out.push({ path: relPath, mode: "120000", full })
+      else if (entry.isFile()) {
+        const stat = await fs.lstat(full)
+        out.push({ path: relPath, mode: (stat.mode & 0o111) !== 0 ? "100755" : "100644", full })
+      }
+    }
+  }
+  return out
+}
+
+/**
+ * The git tree of a directory, written into `gitDir`: regular files as they are (hash-object
+ * --no-filters: no attributes, no line-ending conversion), symlinks as links, modes as git
+ * knows them. Empty directories have no place in a tree (nor in a patch).
+ */
+const writeTree = (gitDir: string, root: string, scratch: string) =>
+  Effect.gen(function* () {
+    const entries = yield* Effect.tryPromise({
+      try: () => walk(root),
+      catch: (cause) => tool("fs", `cannot read ${root}: ${errorText(cause)}`)
+    })
+    const env = { GIT_DIR: gitDir, GIT_INDEX_FILE: path.join(scratch, `index-${path.basename(root)}`) }
+    // a link's blob is its target: written to scratch files and hashed with the rest
+    const sources = yield* Effect.tryPromise({
+      try: async () =>
+        Promise.all(
+          entries.map(async (entry, i) => {
+            if (entry.mode !== "120000") return entry.full
+            const file = path.join(scratch, `link-${path.basename(root)}-${i}`)
+            await fs.writeFile(file, await fs.readlink(entry.full, { encoding: "buffer" }))
+            return file
+          })
+        ),
+      catch: (cause) => tool("fs", `cannot read links in ${root}: ${errorText(cause)}`)
+    })
+    if (sources.some((file) => file.includes("\n"))) {
+      return yield* tool(
+        "git",
+        `a file name in ${root} holds a newline, which git's --stdin-paths cannot take`
+      )
+    }
+    const ids =
+      sources.length === 0
+        ? []
+        : (yield* git(["hash-object", "-w", "--no-filters", "--stdin-paths"], {
+            env,
+            input: sources.join("\n") + "\n"
+          }))
+            .toString("utf8")
+            .trim()
+            .split("\n")
+    const info = entries.map((entry, i) => `${entry.mode} ${ids[i]}\t${entry.path}\0`).join("")
+    yield* git(["update-index", "--add", "-z", "--index-info"], { env, input: info })
+    return (yield* git(["write-tree"], { env })).toString("utf8").trim()
+  })
+
+export interface DiffOptions {
+  /** limit to these repository paths */
+  readonly paths?: ReadonlyArray<string> | undefined
+  /** `git diff --stat` instead of the patch */
+  readonly stat?: boolean | undefined
+}
+
+/** both trees from the guest (baseline and repository, less .git), in a scoped host directory */
+const fetchTrees = (connection: GuestConnection) =>
+  Effect.gen(function* () {
+    const work = yield* tempDir()
+    const base = path.join(work, "base")
+    const repo = path.join(work, "repo")
+    const gitDir = path.join(work, "objects.git")
+    // only what differs: a diff costs what changed, not the size of the tree
+    yield* extractUntrusted(
+      connection.exportTree({ tree: "baseline", paths: [], exclude: DIFF_EXCLUDE, changed: true }),
+      base
+    )
+    yield* extractUntrusted(
+      connection.exportTree({ tree: "repo", paths: [], exclude: DIFF_EXCLUDE, changed: true }),
+      repo
+    )
+    yield* Effect.promise(() =>
+      Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })])
+    )
+    yield* git(["init", "-q", "--bare", gitDir])
+    const baseTree = yield* writeTree(gitDir, base, work)
+    const repoTree = yield* writeTree(gitDir, repo, work)
+    return { work, base, repo, gitDir, baseTree, repoTree }
+  })
+
+const diffArgs = (trees: { readonly baseTree: string; readonly repoTree: string }, options: DiffOptions) => [
+  "--literal-pathspecs",
+  "diff",
+  "--no-color",
+  "--no-ext-diff",
+  "--no-textconv",
+  "-M",
+  ...(options.stat === true ? ["--stat"] : ["--binary", "--full-index"]),
+  trees.baseTree,
+  trees.repoTree,
+  "--",
+  ...(options.paths ?? [])
+]
+
+/**
+ * The changes since the baseline as a git-format patch (new, modified, deleted, renamed where
+ * git detects it, mode changes, symlinks, binary files as git binary patches) or, with `stat`,
+ * its summary. `git apply` of it on a clean copy of the source reproduces the guest's tree.
+ */
+export const diff = Effect.fn("repo.diff")(function* (
+  connection: GuestConnection,
+  options: DiffOptions = {}
+) {
+  const paths = yield* Effect.forEach(options.paths ?? [], (p) => repoPath(p))
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      const trees = yield* fetchTrees(connection)
+      const out = yield* git(diffArgs(trees, { ...options, paths }), { env: { GIT_DIR: trees.gitDir } })
+      return out.toString("utf8")
+    })
+  )
+})
+
+// ---- apply ----
+
+const sameEntry = async (a: string, b: string): Promise<boolean> => {
+  const [sa, sb] = await Promise.all([fs.lstat(a).catch(() => undefined), fs.lstat(b).catch(() => undefined)])
+  if (sa === undefined || sb === undefined) return sa === sb
+  if (sa.isSymbolicLink() !== sb.isSymbolicLink() || sa.isFile() !== sb.isFile()) return false
+  if (sa.isSymbolicLink()) return (await fs.readlink(a)) === (await fs.readlink(b))
+  if (!sa.isFile()) return sa.isDirectory() === sb.isDirectory()
+  if (((sa.mode & 0o111) !== 0) !== ((sb.mode & 0o111) !== 0) || sa.size !== sb.size) return false
+  const hash = async (file: string) =>
+    createHash("sha256")
+      .update(await fs.readFile(file))
+      .digest("hex")
+  return (await hash(a)) === (await hash(b))
+}
+
+export interface ApplyOptions {
+  /** where to apply (default: the session's recorded source) */
+  readonly to: string
+  /** only check: nothing is written */
+  readonly check?: boolean | undefined
+  readonly paths?: ReadonlyArray<string> | undefined
+}
+
+/**
+ * Applies the session's changes to a host directory (by default the source it was opened
+ * from). Refuses with `SourceChanged` (and the paths) when any path the patch touches differs
+ * there from the snapshot: the user's own edits since Open are never overwritten. Returns the
+ * paths it changed.
+ */
+export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnection, options: ApplyOptions) {
+  const paths = yield* Effect.forEach(options.paths ?? [], (p) => repoPath(p))
+  const target = path.resolve(options.to)
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      const trees = yield* fetchTrees(connection)
+      const env = { GIT_DIR: trees.gitDir }
+      // old and new names of everything the patch touches (-z: any name, verbatim)
+      const status = (yield* git(
+        [
+          "--literal-pathspecs",
+          "diff",
+          "--name-status",
+          "-z",
+          "-M",
+          trees.baseTree,
+          trees.repoTree,
+          "--",
+          ...paths
+        ],
+        { env }
+      ))
+        .toString("utf8")
+        .split("\0")
+      const touched = new Set<string>()
+      for (let i = 0; i < status.length - 1;) {
+        const code = status[i]!
+        if (code.startsWith("R") || code.startsWith("C")) {
+          touched.add(status[i + 1]!)
+          touched.add(status[i + 2]!)
+          i += 3
+        } else {
+          touched.add(status[i + 1]!)
+          i += 2
+        }
+      }
+      if (touched.size === 0) return [] as ReadonlyArray<string>
+      const conflicts: Array<string> = []
+      for (const rel of [...touched].sort()) {
+        const same = yield* Effect.promise(() =>
+          sameEntry(path.join(trees.base, rel), path.join(target, rel))
+        )
+        if (!same) conflicts.push(rel)
+      }
+      if (conflicts.length > 0) {
+        return yield* new SourceChanged({
+          source: target,
+          paths: conflicts,
+          message: `${target} changed since the snapshot where the patch writes: ${conflicts.join(", ")}`
+        })
+      }
+      const patch = yield* git(diffArgs(trees, { paths }), { env })
+      // applied as a plain patch in the target: no repository above it is looked for, and the
+      // user's whitespace settings do not refuse the agent's lines
+      const applyEnv = { GIT_CEILING_DIRECTORIES: path.dirname(target) }
+      const applyArgs = ["apply", "--whitespace=nowarn", ...(options.check === true ? ["--check"] : [])]
+      yield* git(applyArgs, { cwd: target, env: applyEnv, input: patch }).pipe(
+        Effect.mapError((error) => new PatchFailed({ message: error.message }))
+      )
+      return [...touched].sort() as ReadonlyArray<string>
+    })
+  )
+})
+
+// ---- files ----
+
+/** `abox cp <ref>:<path> <host>`: the guest's file or directory to `host` (a new name, or into a directory) */
+export const copyOut = Effect.fn("repo.copyOut")(function* (
+  connection: GuestConnection,
+  guestPath: string,
+  hostPath: string
+) {
+  const rel = yield* repoPath(guestPath)
+  let destination = path.resolve(hostPath)
+  const existing = yield* Effect.promise(() => fs.stat(destination).catch(() => undefined))
+  if (existing?.isDirectory() === true)
+    destination = path.join(destination, rel === "" ? "repo" : path.posix.basename(rel))
+  const taken = yield* Effect.promise(() =>
+    fs.lstat(destination).then(
+      () => true,
+      () => false
+    )
+  )
+  if (taken) {
+    return yield* new RepoPathInvalid({
+      path: destination,
+      message: `${destination} already exists: nothing was written`
+    })
+  }
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      // next to the destination, so that the final step is one rename on one file system
+      const staging = yield* tempDir(path.dirname(destination), ".abox-cp-")
+      const result = yield* extractUntrusted(connection.exportTree({ tree: "repo", paths: [rel] }), staging, {
+        ...DEFAULT_LIMITS,
+        linksInside: true
+      })
+      const source = path.join(staging, rel)
+      yield* Effect.tryPromise({
+        try: () => fs.rename(source, destination),
+        catch: (cause) =>
+          new RepoPathInvalid({
+            path: guestPath,
+            message: `${guestPath} is not in the session: ${errorText(cause)}`
+          })
+      })
+      return { ...result, path: destination }
+    })
+  )
+})
+
+/** `abox cp <host> <ref>:<dir>`: a host file or directory into the guest directory `guestDir`, owned by the repository user */
+export const copyIn = Effect.fn("repo.copyIn")(function* (
+  connection: GuestConnection,
+  hostPath: string,
+  guestDir: string
+) {
+  const rel = yield* repoPath(guestDir)
+  const source = path.resolve(hostPath)
+  const stat = yield* Effect.tryPromise({
+    try: () => fs.lstat(source),
+    catch: (cause) =>
+      new RepoPathInvalid({ path: source, message: `cannot read ${source}: ${errorText(cause)}` })
+  })
+  if (stat.isDirectory()) yield* scanSource(source)
+  const target = rel === "" ? GUEST_REPO : `${GUEST_REPO}/${rel}`
+  const tar = tarSnapshot(path.dirname(source), [path.basename(source)]).tar
+  return yield* connection.transfer(tar, target)
+})
+
+/** the bytes of one file of the repository */
+export const readFile = Effect.fn("repo.readFile")(function* (
+  connection: GuestConnection,
+  guestPath: string
+) {
+  const rel = yield* repoPath(guestPath)
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      const staging = yield* tempDir()
+      yield* extractUntrusted(connection.exportTree({ tree: "repo", paths: [rel] }), staging, {
+        ...DEFAULT_LIMITS,
+        linksInside: true
+      })
+      return yield* Effect.tryPromise({
+        try: () => fs.readFile(path.join(staging, rel)),
+        catch: (cause) =>
+          new RepoPathInvalid({ path: guestPath, message: `${guestPath}: not a file (${errorText(cause)})` })
+      }).pipe(Effect.map((buffer) => new Uint8Array(buffer)))
+    })
+  )
+})
+
+/** writes one file of the repository (created or replaced), owned by the repository user */
+export const writeFile = Effect.fn("repo.writeFile")(function* (
+  connection: GuestConnection,
+  guestPath: string,
+  data: Uint8Array | string,
+  mode = 0o644
+) {
+  const rel = yield* repoPath(guestPath)
+  if (rel === "") return yield* new RepoPathInvalid({ path: guestPath, message: "a file needs a name" })
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      const staging = yield* tempDir()
+      const file = path.join(staging, path.posix.basename(rel))
+      yield* Effect.tryPromise({
+        try: () => fs.writeFile(file, data, { mode }),
+        catch: (cause) => tool("fs", `cannot stage ${guestPath}: ${errorText(cause)}`)
+      })
+      yield* Effect.promise(() => fs.chmod(file, mode))
+      const dir = path.posix.dirname(rel)
+      const tar = tarSnapshot(staging, [path.posix.basename(rel)]).tar
+      return yield* connection.transfer(tar, dir === "." ? GUEST_REPO : `${GUEST_REPO}/${dir}`)
+    })
+  )
+})
+
+export interface RepoEntry {
+  readonly path: string
+  readonly type: "file" | "directory" | "symlink"
+  readonly size: number
+  readonly mode: number
+}
+
+/** the entries under a repository directory (recursively), as the guest has them */
+export const listFiles = Effect.fn("repo.listFiles")(function* (connection: GuestConnection, guestPath = "") {
+  const rel = yield* repoPath(guestPath)
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      const staging = yield* tempDir()
+      yield* extractUntrusted(
+        connection.exportTree({ tree: "repo", paths: rel === "" ? [] : [rel] }),
+        staging
+      )
+      return yield* Effect.promise(async () => {
+        const out: Array<RepoEntry> = []
+        const pending = [rel]
+        while (pending.length > 0) {
+          const dir = pending.pop()!
+          const names = await fs.readdir(path.join(staging, dir)).catch(() => [])
+          for (const name of names.sort()) {
+            const relPath = dir === "" ? name : `${dir}/${name}`
+            const stat = await fs.lstat(path.join(staging, relPath))
+            const type = stat.isDirectory() ? "directory" : stat.isSymbolicLink() ? "symlink" : "file"
+            out.push({ path: relPath, type, size: stat.isFile() ? stat.size : 0, mode: stat.mode & 0o7777 })
+            if (type === "directory") pending.push(relPath)
+          }
+        }
+        return out.sort((a, b) =>
+          a.path < b.path ? -1 : a.path > b.path ? 1 : 0
+        ) as ReadonlyArray<RepoEntry>
+      })
+    })
+  )
+})
+
+/**
+ * A stopped session: boots it (Resume), runs `operation` on its connection, closes it. A
+ * session another process holds (running) fails `SessionBusy`: its holder runs the operation
+ * (the detached session's control socket, once there is one).
+ */
+export const withConnection = <A, E, R>(
+  ref: string,
+  operation: (
+    connection: GuestConnection,
+    session: { readonly id: string; readonly source: string }
+  ) => Effect.Effect<A, E, R>,
+  options: BootOptions = {}
+) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const session = yield* resume(ref, options)
+      return yield* operation(session.connection, { id: session.id, source: session.meta.source })
+    })
+  )
+
+/** the recorded source of a session (apply's default target) */
+export const recordedSource = (ref: string) =>
+  Effect.gen(function* () {
+    const store = yield* SessionStore
+    const id = yield* store.resolve(ref)
+    return (yield* store.get(id)).source
+  })
