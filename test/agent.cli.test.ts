@@ -148,7 +148,7 @@ describe("prompt turns (fake backend, real broker)", () => {
     expect(config.modelSpec).toMatchObject({
       provider: "anthropic",
       id: "claude-sonnet-4-5",
-      apiKeyEnv: "ANTHROPIC_API_KEY"
+      hostVariable: "ANTHROPIC_API_KEY"
     })
     // the key is nowhere in the session directory (guest disk, config, logs)
     expect(filesContaining(sessionDir, CANARY)).toEqual([])

@@ -33,7 +33,7 @@ const spec = (provider: ModelSpec["provider"]): ModelSpec => ({
   provider,
   id: provider === "anthropic" ? "claude-test" : "gpt-test",
   endpoint: provider === "anthropic" ? `https://localhost:${mock.port}` : `https://localhost:${mock.port}/v1`,
-  apiKeyEnv: provider === "anthropic" ? "ANTHROPIC_API_KEY" : "OPENAI_API_KEY",
+  hostVariable: provider === "anthropic" ? "ANTHROPIC_API_KEY" : "OPENAI_API_KEY",
   inputPrice: 3,
   outputPrice: 15
 })
@@ -118,7 +118,7 @@ describe.each(["anthropic", "openai"] as const)("the agent loop (%s)", (provider
     const first = collect()
     const outcome = await agent.run("hi", first.sink)
     expect(outcome.reason).toBe("error")
-    expect(outcome.message).toContain(spec(provider).apiKeyEnv)
+    expect(outcome.message).toContain(spec(provider).hostVariable)
     expect(first.events.at(-1)).toMatchObject({ kind: "agent_end", reason: "error" })
 
     mock.push(

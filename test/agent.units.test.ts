@@ -117,7 +117,7 @@ const spec: ModelSpec = {
   provider: "anthropic",
   id: "m",
   endpoint: "https://x",
-  apiKeyEnv: "ANTHROPIC_API_KEY"
+  hostVariable: "ANTHROPIC_API_KEY"
 }
 
 /** a LanguageModel whose streamText fails `failures` times with `status`, then answers */

@@ -8,7 +8,7 @@ describe("the model catalog", () => {
       provider: "anthropic",
       id: "claude-sonnet-4-5",
       endpoint: "https://api.anthropic.com",
-      apiKeyEnv: "ANTHROPIC_API_KEY"
+      hostVariable: "ANTHROPIC_API_KEY"
     })
     expect(resolveModel(BUILTIN_CATALOG, "default")).toEqual(resolveModel(BUILTIN_CATALOG, "sonnet"))
     for (const alias of ["opus", "haiku"])
@@ -16,7 +16,7 @@ describe("the model catalog", () => {
     expect(resolveModel(BUILTIN_CATALOG, "gpt")).toMatchObject({
       provider: "openai",
       endpoint: "https://api.openai.com/v1",
-      apiKeyEnv: "OPENAI_API_KEY"
+      hostVariable: "OPENAI_API_KEY"
     })
     expect(resolveModel(BUILTIN_CATALOG, "claude-3-7-sonnet-latest")?.id).toBe("claude-3-7-sonnet-latest")
     expect(resolveModel(BUILTIN_CATALOG, "gpt-4.1")?.provider).toBe("openai")
@@ -62,7 +62,7 @@ describe("the model catalog", () => {
         provider: "openai",
         id: "m",
         endpoint: "https://gw.example.com:8443/v1",
-        apiKeyEnv: "GW_KEY"
+        hostVariable: "GW_KEY"
       })
     ).toEqual({
       allow: [{ host: "gw.example.com", ports: [8443] }],

@@ -141,9 +141,9 @@ export const resolveModel = (catalog: ModelCatalog, alias: string): ModelSpec | 
       provider: found.provider,
       id: found.id,
       endpoint: found.endpoint ?? PROVIDER_ENDPOINTS[found.provider],
-      ...(apiKeyEnv === null ? {} : { apiKeyEnv }),
+      ...(apiKeyEnv === null ? {} : { hostVariable: apiKeyEnv }),
       ...(found.contextWindow === undefined ? {} : { contextWindow: found.contextWindow }),
-      ...(found.maxOutputTokens === undefined ? {} : { maxOutputTokens: found.maxOutputTokens }),
+      ...(found.maxOutputTokens === undefined ? {} : { outputLimit: found.maxOutputTokens }),
       ...(found.inputPrice === undefined ? {} : { inputPrice: found.inputPrice }),
       ...(found.outputPrice === undefined ? {} : { outputPrice: found.outputPrice })
     }
@@ -166,9 +166,9 @@ const endpointHostPort = (endpoint: string): { readonly host: string; readonly p
  * public API; the same header shape on the endpoint's own host and port otherwise.
  */
 export const brokerRulesFor = (spec: ModelSpec): PolicyRules => {
-  if (spec.apiKeyEnv === undefined) return { allow: [], credentials: [] }
+  if (spec.hostVariable === undefined) return { allow: [], credentials: [] }
   const { host, port } = endpointHostPort(spec.endpoint)
-  const preset = presetRules(spec.provider, { fromEnv: spec.apiKeyEnv })
+  const preset = presetRules(spec.provider, { fromEnv: spec.hostVariable })
   const presetHost = endpointHostPort(PROVIDER_ENDPOINTS[spec.provider]).host
   if (host === presetHost && port === 443) return preset
   const allow: ReadonlyArray<AllowRule> = [{ host, ports: [port] }]

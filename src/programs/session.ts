@@ -231,8 +231,8 @@ export const loadModelCatalog = Effect.gen(function* () {
  */
 const modelAndPolicy = Effect.fn("session.modelAndPolicy")(function* (alias: string, policy: BrokerPolicy) {
   const spec = resolveModel(yield* loadModelCatalog, alias)
-  if (spec?.apiKeyEnv === undefined) return { spec, policy }
-  const key = yield* Config.option(Config.redacted(spec.apiKeyEnv)).pipe(
+  if (spec?.hostVariable === undefined) return { spec, policy }
+  const key = yield* Config.option(Config.redacted(spec.hostVariable)).pipe(
     Effect.orElseSucceed(() => Option.none())
   )
   return { spec, policy: Option.isSome(key) ? withRules(policy, brokerRulesFor(spec)) : policy }

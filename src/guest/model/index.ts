@@ -183,12 +183,12 @@ const languageModelLayer = (spec: ModelSpec, http: Layer.Layer<HttpClient.HttpCl
   if (spec.provider === "anthropic") {
     return AnthropicLanguageModel.layer({
       model: spec.id,
-      config: { max_tokens: spec.maxOutputTokens ?? 8192 }
+      config: { max_tokens: spec.outputLimit ?? 8192 }
     }).pipe(Layer.provide(AnthropicClient.layer({ apiKey, apiUrl: spec.endpoint })), Layer.provide(http))
   }
   return OpenAiLanguageModel.layer({
     model: spec.id,
-    ...(spec.maxOutputTokens === undefined ? {} : { config: { max_output_tokens: spec.maxOutputTokens } })
+    ...(spec.outputLimit === undefined ? {} : { config: { max_output_tokens: spec.outputLimit } })
   }).pipe(Layer.provide(OpenAiClient.layer({ apiKey, apiUrl: spec.endpoint })), Layer.provide(http))
 }
 

@@ -151,14 +151,14 @@ export const describeModelError = (
   refusal: string | undefined
 ): string => {
   const status = statusOf(error)
-  const keyVar = spec.apiKeyEnv ?? "the provider's key variable"
+  const keyVar = spec.hostVariable ?? "the provider's key variable"
   if (status === 401 || status === 403) {
     return `the ${spec.provider} API refused the request (${status}): check ${keyVar} on the host (the broker adds it; the guest only sees a placeholder)`
   }
   if (refusal !== undefined) {
     const hint =
-      refusal.includes("host-not-allowed") && spec.apiKeyEnv !== undefined
-        ? ` (set ${spec.apiKeyEnv} on the host: the provider's broker rule is added when it is)`
+      refusal.includes("host-not-allowed") && spec.hostVariable !== undefined
+        ? ` (set ${spec.hostVariable} on the host: the provider's broker rule is added when it is)`
         : ""
     return `the broker refused the connection to the model: ${refusal}${hint}`
   }
