@@ -1,0 +1,128 @@
+/**
+ * TTY turns against the real BusyBox telnetd (the image's /bin/busybox is the same applet): the
+ * telnet codec's units, then real turns on a real pty: the tty and its size, a resize while the
+ * command runs, typed input, ^C as a real SIGINT (status 130), a forwarded signal, cancel, and the
+ * exit status through the wrapper (telnetd itself always exits 0).
+ */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { describe, expect, it } from "@effect/vitest"
+import type { AgentEvent } from "../src/protocol/Messages.js"
+import { BUSYBOX, encodeInput, encodeResize, TelnetDecoder, TtyTurnRunner } from "../src/guest/ttyTurns.js"
+
+const hasBusybox = fs.existsSync(BUSYBOX)
+const isRoot = process.getuid?.() === 0
+
+describe("telnet codec", () => {
+  it("drops negotiation and SB blocks, undoubles IAC IAC, drops the leading CR CR LF", () => {
+    const decoder = new TelnetDecoder()
+    const wire = Buffer.from([
+      0xff, 0xfd, 0x01, 0xff, 0xfd, 0x1f, 0xff, 0xfb, 0x01, 0xff, 0xfb, 0x03, // negotiation
+      0x0d, 0x0d, 0x0a, // telnetd's leading line
+      0x61, 0xff, 0xff, 0x62, // a, 0xFF, b
+      0xff, 0xfa, 0x18, 0x01, 0xff, 0xf0, // an SB block
+      0x63
+    ])
+    // byte by byte: every sequence cut by a read
+    const out = Buffer.concat([...wire].map((b) => decoder.push(Buffer.from([b]))).concat([decoder.end()]))
+    expect([...out]).toEqual([0x61, 0xff, 0x62, 0x63])
+  })
+
+  it("keeps a command's own CR at the start when it is not telnetd's sequence", () => {
+    const decoder = new TelnetDecoder()
+    expect(Buffer.concat([decoder.push(Buffer.from("\r\rx")), decoder.end()]).toString()).toBe("\r\rx")
+    const short = new TelnetDecoder()
+    expect(Buffer.concat([short.push(Buffer.from("\r")), short.end()]).toString()).toBe("\r")
+  })
+
+  it("doubles 0xFF and sends CR as CR NUL; NAWS with 0xFF doubled", () => {
+    expect([...encodeInput(Buffer.from([0x61, 0xff, 0x0d, 0x0a]))]).toEqual([0x61, 0xff, 0xff, 0x0d, 0x00, 0x0a])
+    expect([...encodeResize(40, 120)]).toEqual([0xff, 0xfa, 31, 0, 120, 0, 40, 0xff, 0xf0])
+    expect([...encodeResize(255, 511)]).toEqual([0xff, 0xfa, 31, 1, 0xff, 0xff, 0, 0xff, 0xff, 0xff, 0xf0])
+  })
+})
+
+const text = (events: ReadonlyArray<AgentEvent>): string =>
+  Buffer.concat(
+    events.map((event) =>
+      event.kind === "stdout"
+        ? event.base64 !== undefined
+          ? Buffer.from(event.base64, "base64")
+          : Buffer.from(event.data, "utf8")
+        : Buffer.alloc(0)
+    )
+  ).toString("latin1")
+
+const makeRunner = () => {
+  const repoDir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-tty-repo-"))
+  fs.chmodSync(repoDir, 0o755)
+  return new TtyTurnRunner({
+    repoDir,
+    model: "test",
+    user: isRoot ? { name: "nobody", uid: 65534, gid: 65534, home: "/" } : undefined,
+    killAfterMs: 2000
+  })
+}
+
+/** waits until the output so far contains `needle` */
+const waitFor = async (events: ReadonlyArray<AgentEvent>, needle: string) => {
+  for (let i = 0; i < 600; i++) {
+    if (text(events).includes(needle)) return
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+  throw new Error(`no ${JSON.stringify(needle)} in ${JSON.stringify(text(events))}`)
+}
+
+describe.skipIf(!hasBusybox)("tty turns on busybox telnetd", () => {
+  it("a pty of the asked size, resize, input, TERM, the exit status", { timeout: 60_000 }, async () => {
+    const runner = makeRunner()
+    const events: Array<AgentEvent> = []
+    const outcome = runner.run(
+      1,
+      `tty; stty size; echo "term=$TERM"; echo ready; read line; stty size; printf 'got=%s\\377\\n' "$line"; [ "$(id -u)" = "${isRoot ? 65534 : process.getuid?.()}" ] && exit 7`,
+      { rows: 33, cols: 101, term: "xterm-256color" },
+      (event) => {
+        events.push(event)
+      }
+    )
+    await waitFor(events, "ready")
+    expect(runner.resize(1, 50, 200)).toBe(true)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(runner.input(1, Buffer.from("hello \xff\r", "latin1"))).toBe(true)
+    const result = await outcome
+    const out = text(events)
+    expect(out).toMatch(/^\/dev\/pts\/\d+\r\n33 101\r\nterm=xterm-256color\r\nready\r\n/)
+    expect(out).toContain("50 200\r\n")
+    // the line discipline echoes the typed line; the command read it whole (0xFF intact)
+    expect(out).toContain("got=hello \xff\xff\r\n")
+    expect(result).toEqual({ exitCode: 7, signal: null, cancelled: false })
+    expect(runner.current).toBeUndefined()
+  })
+
+  it("^C on input is a SIGINT in the command (130); a forwarded signal and cancel end it too", { timeout: 60_000 }, async () => {
+    const runner = makeRunner()
+    const events: Array<AgentEvent> = []
+    const sink = (event: AgentEvent) => {
+      events.push(event)
+    }
+    const first = runner.run(2, "echo ready; sleep 30; echo not-reached", { rows: 24, cols: 80 }, sink)
+    await waitFor(events, "ready")
+    runner.input(2, Buffer.from([0x03]))
+    expect(await first).toEqual({ exitCode: 130, signal: null, cancelled: false })
+    expect(text(events)).not.toContain("not-reached")
+
+    events.length = 0
+    const second = runner.run(3, "echo ready; sleep 30", { rows: 24, cols: 80 }, sink)
+    await waitFor(events, "ready")
+    expect(await runner.signal(3, "SIGTERM")).toBe(true)
+    expect(await second).toEqual({ exitCode: 143, signal: null, cancelled: false })
+
+    events.length = 0
+    const third = runner.run(4, "echo ready; sleep 30", { rows: 24, cols: 80 }, sink)
+    await waitFor(events, "ready")
+    expect(runner.cancel(4)).toBe(true)
+    expect(await third).toMatchObject({ cancelled: true })
+    expect(runner.input(4, Buffer.from("x"))).toBe(false)
+  })
+})
