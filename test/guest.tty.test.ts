@@ -8,7 +8,10 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { describe, expect, it } from "@effect/vitest"
-import type { AgentEvent } from "../src/protocol/Messages.js"
+import type * as net from "node:net"
+import { afterEach } from "@effect/vitest"
+import type { AgentEvent, ControlMessage } from "../src/protocol/Messages.js"
+import { acceptHost, listenHost, makeGuestDirs, spawnGuest, writeConfig } from "./support/fakeHost.js"
 import { BUSYBOX, encodeInput, encodeResize, TelnetDecoder, TtyTurnRunner } from "../src/guest/ttyTurns.js"
 
 const hasBusybox = fs.existsSync(BUSYBOX)
@@ -124,5 +127,84 @@ describe.skipIf(!hasBusybox)("tty turns on busybox telnetd", () => {
     expect(runner.cancel(4)).toBe(true)
     expect(await third).toMatchObject({ cancelled: true })
     expect(runner.input(4, Buffer.from("x"))).toBe(false)
+  })
+
+  it("a repository the command cannot enter is the shell's cd failure, not a lost status", { timeout: 60_000 }, async () => {
+    const runner = new TtyTurnRunner({ repoDir: "/nonexistent-abox-repo", model: "test", user: undefined })
+    const events: Array<AgentEvent> = []
+    const outcome = await runner.run(5, "true", { rows: 24, cols: 80 }, (event) => void events.push(event))
+    // dash says 2, busybox ash 1
+    expect(outcome).toMatchObject({ signal: null, cancelled: false })
+    expect([1, 2]).toContain(outcome.exitCode)
+    expect(text(events)).toContain("/nonexistent-abox-repo")
+  })
+})
+
+const cleanups: Array<() => void> = []
+afterEach(() => {
+  for (const cleanup of cleanups.splice(0).reverse()) cleanup()
+})
+
+const stdoutOf = (received: ReadonlyArray<{ readonly message: ControlMessage }>, turn: number): string =>
+  text(
+    received.flatMap(({ message }) =>
+      message.type === "agent_event" && message.turn === turn ? [message.event] : []
+    )
+  )
+
+describe.skipIf(!hasBusybox)("tty turns through the real guest agent (protocol v4, FEATURE_TTY)", () => {
+  it("offers tty in hello; tty_turn, turn_resize, turn_input, turn_signal; turn_end carries the status", { timeout: 60_000 }, async () => {
+    const dirs = makeGuestDirs()
+    fs.chmodSync(dirs.root, 0o755) // the turn user (65534 as root) enters the repository
+    writeConfig(dirs)
+    const server: net.Server = await listenHost(dirs.socket)
+    const accepted = acceptHost(server)
+    const guest = spawnGuest(dirs)
+    cleanups.push(() => {
+      guest.child.kill("SIGKILL")
+      server.close()
+    })
+    const host = await accepted
+    const hello = await host.next("hello")
+    expect(hello.features).toContain("tty")
+    await host.next("ready")
+
+    const waitOut = async (turn: number, needle: string) => {
+      for (let i = 0; i < 600 && !stdoutOf(host.received, turn).includes(needle); i++) {
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      }
+      expect(stdoutOf(host.received, turn)).toContain(needle)
+    }
+
+    await host.mux.sendControl({
+      type: "tty_turn",
+      turn: 1,
+      text: "stty size; echo ready; read line; stty size; echo \"got=$line\"; exit 5",
+      rows: 30,
+      cols: 90,
+      term: "xterm"
+    })
+    await waitOut(1, "ready")
+    // a user_turn while the tty turn runs is refused: one turn at a time
+    await host.mux.sendControl({ type: "user_turn", turn: 2, text: "true" })
+    expect(await host.next("error")).toMatchObject({ code: "turn_busy", turn: 2 })
+    await host.mux.sendControl({ type: "turn_resize", turn: 1, rows: 40, cols: 132 })
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    await host.mux.sendControl({ type: "turn_input", turn: 1, data: Buffer.from("typed\r").toString("base64") })
+    expect(await host.next("turn_end")).toEqual({ type: "turn_end", turn: 1, exitCode: 5, signal: null, cancelled: false })
+    const out = stdoutOf(host.received, 1)
+    expect(out).toMatch(/^30 90\r\nready\r\n/)
+    expect(out).toContain("40 132\r\ngot=typed\r\n")
+
+    await host.mux.sendControl({ type: "tty_turn", turn: 3, text: "echo ready; sleep 30", rows: 24, cols: 80 })
+    await waitOut(3, "ready")
+    await host.mux.sendControl({ type: "turn_signal", turn: 3, signal: "SIGINT" })
+    expect(await host.next("turn_end")).toEqual({ type: "turn_end", turn: 3, exitCode: 130, signal: null, cancelled: false })
+
+    // input for a turn that has ended crossed its end on the wire: dropped, no error
+    await host.mux.sendControl({ type: "turn_input", turn: 3, data: "eA==" })
+    await host.mux.sendControl({ type: "shutdown" })
+    expect((await guest.exited).code).toBe(0)
+    expect(host.received.filter(({ message }) => message.type === "error")).toHaveLength(1)
   })
 })

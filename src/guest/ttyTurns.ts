@@ -20,6 +20,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
+import type { TurnSignalName } from "../protocol/Messages.js"
 import { OutputChunker, turnEnv, type EventSink, type TurnEnvironment, type TurnOutcome } from "./turns.js"
 
 const IAC = 0xff
@@ -29,9 +30,8 @@ const WILL = 0xfb
 const DONT = 0xfe
 const NAWS = 31
 
-/** the signals a host may forward to a tty turn's command (turn_signal) */
-export const TTY_SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2"] as const
-export type TtySignal = (typeof TTY_SIGNALS)[number]
+/** the signals a host may forward to a tty turn's command (turn_signal's fixed set) */
+export type TtySignal = typeof TurnSignalName.Type
 
 /** the busybox binary that provides telnetd (the image's and the test host's) */
 export const BUSYBOX = "/bin/busybox"
@@ -133,8 +133,8 @@ export const wrapperScript = (dir: string, repoDir: string, text: string, rows: 
     "trap : INT TERM HUP QUIT",
     `echo $$ > ${shellQuote(path.join(dir, "pid"))}`,
     `stty rows ${dimension(rows)} cols ${dimension(cols)} 2>/dev/null`,
-    `cd ${shellQuote(repoDir)} || exit 1`,
-    `/bin/sh -c ${shellQuote(text)}`,
+    // a repository the user cannot enter is the command's failure (status 1), recorded as any other
+    `cd ${shellQuote(repoDir)} && /bin/sh -c ${shellQuote(text)}`,
     `echo $? > ${shellQuote(path.join(dir, "status.tmp"))} && mv ${shellQuote(path.join(dir, "status.tmp"))} ${shellQuote(path.join(dir, "status"))}`,
     ""
   ].join("\n")
@@ -204,7 +204,7 @@ export class TtyTurnRunner {
       throw error
     }
     const child = spawn(this.busybox, ["telnetd", "-i", "-f", "/dev/null", "-l", path.join(dir, "wrapper")], {
-      cwd: this.env.repoDir,
+      cwd: dir, // the wrapper enters the repository (a failure there is the command's status)
       env: { ...turnEnv(this.env), ...(options.term === undefined ? {} : { TERM: options.term }) },
       detached: true,
       stdio: ["pipe", "pipe", "ignore"],
