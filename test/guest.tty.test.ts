@@ -9,6 +9,14 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { describe, expect, it } from "@effect/vitest"
 import type * as net from "node:net"
+import { connect as netConnect } from "node:net"
+import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
+import * as Queue from "effect/Queue"
+import * as Stream from "effect/Stream"
+import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { Mux } from "../src/protocol/Mux.js"
+import { GuestRpc, type TtyControl } from "../src/services/GuestRpc.js"
 import { afterEach } from "@effect/vitest"
 import type { AgentEvent, ControlMessage } from "../src/protocol/Messages.js"
 import { acceptHost, listenHost, makeGuestDirs, spawnGuest, writeConfig } from "./support/fakeHost.js"
@@ -207,4 +215,76 @@ describe.skipIf(!hasBusybox)("tty turns through the real guest agent (protocol v
     expect((await guest.exited).code).toBe(0)
     expect(host.received.filter(({ message }) => message.type === "error")).toHaveLength(1)
   })
+})
+
+describe.skipIf(!hasBusybox)("GuestConnection.ttyTurn (host GuestRpcLive ↔ the real guest agent)", () => {
+  it.live("controls go to the guest while the turn runs; End carries the status", () =>
+    Effect.gen(function* () {
+      const dirs = makeGuestDirs()
+      fs.chmodSync(dirs.root, 0o755)
+      writeConfig(dirs)
+      const rpc = yield* GuestRpc
+      const { accept } = yield* rpc.listen(dirs.socket, { helloTimeout: "30 seconds", shutdownTimeout: "10 seconds" })
+      const guest = spawnGuest(dirs)
+      yield* Effect.addFinalizer(() => Effect.sync(() => guest.child.kill("SIGKILL")))
+      const connection = yield* accept
+      expect(connection.hello.features).toContain("tty")
+      const controls = yield* Queue.unbounded<TtyControl>()
+      const events: Array<AgentEvent> = []
+      let fed = false
+      const end = yield* connection
+        .ttyTurn("stty size; echo ready; read line; stty size; echo \"got=$line\"; exit 9", {
+          rows: 20,
+          cols: 70,
+          term: "vt100",
+          controls: Stream.fromQueue(controls)
+        })
+        .pipe(
+          Stream.tap((event) =>
+            Effect.gen(function* () {
+              if (event._tag !== "Event") return
+              events.push(event.event)
+              if (!fed && text(events).includes("ready")) {
+                fed = true
+                yield* Queue.offer(controls, { _tag: "Resize", rows: 45, cols: 150 })
+                yield* Effect.sleep("300 millis")
+                yield* Queue.offer(controls, { _tag: "Input", bytes: Buffer.from("over rpc\r") })
+              }
+            })
+          ),
+          Stream.runLast
+        )
+      expect(Option.getOrThrow(end)).toEqual({ _tag: "End", exitCode: 9, signal: null, cancelled: false })
+      const out = text(events)
+      expect(out).toMatch(/^20 70\r\nready\r\n/)
+      expect(out).toContain("45 150\r\ngot=over rpc\r\n")
+    }).pipe(Effect.scoped, Effect.provide(GuestRpcLive)),
+    60_000
+  )
+
+  it.live("a guest that does not offer tty: TtyUnsupported, and nothing is sent to it", () =>
+    Effect.gen(function* () {
+      const dirs = makeGuestDirs()
+      const rpc = yield* GuestRpc
+      const { accept } = yield* rpc.listen(dirs.socket, { helloTimeout: "30 seconds", shutdownTimeout: "5 seconds" })
+      const received: Array<ControlMessage> = []
+      const socket = netConnect(dirs.socket)
+      yield* Effect.addFinalizer(() => Effect.sync(() => socket.destroy()))
+      const mux = new Mux(socket)
+      mux.onControl((message) => {
+        received.push(message)
+        if (message.type === "shutdown") mux.close()
+      })
+      mux.onError(() => undefined)
+      void mux.sendControl({ type: "hello", protocol: 4, arch: "x86_64", build: "old", features: ["export"] })
+      void mux.sendControl({ type: "ready" })
+      const connection = yield* accept
+      const error = yield* connection
+        .ttyTurn("true", { rows: 24, cols: 80, controls: Stream.empty })
+        .pipe(Stream.runDrain, Effect.flip)
+      expect(error._tag).toBe("TtyUnsupported")
+      expect(received).toEqual([])
+    }).pipe(Effect.scoped, Effect.provide(GuestRpcLive)),
+    30_000
+  )
 })
