@@ -137,14 +137,12 @@ describe.skipIf(!hasBusybox)("tty turns on busybox telnetd", () => {
     expect(runner.input(4, Buffer.from("x"))).toBe(false)
   })
 
-  it("a repository the command cannot enter is the shell's cd failure, not a lost status", { timeout: 60_000 }, async () => {
+  it("no repository to run in: the turn cannot start (rejects, as other turns do) and leaves nothing", { timeout: 60_000 }, async () => {
     const runner = new TtyTurnRunner({ repoDir: "/nonexistent-abox-repo", model: "test", user: undefined })
-    const events: Array<AgentEvent> = []
-    const outcome = await runner.run(5, "true", { rows: 24, cols: 80 }, (event) => void events.push(event))
-    // dash says 2, busybox ash 1
-    expect(outcome).toMatchObject({ signal: null, cancelled: false })
-    expect([1, 2]).toContain(outcome.exitCode)
-    expect(text(events)).toContain("/nonexistent-abox-repo")
+    const before = fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("abox-tty-")).length
+    await expect(runner.run(5, "true", { rows: 24, cols: 80 }, () => undefined)).rejects.toThrow(/ENOENT/)
+    expect(runner.current).toBeUndefined()
+    expect(fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("abox-tty-")).length).toBe(before)
   })
 })
 

@@ -126,15 +126,16 @@ export class TelnetDecoder {
 const shellQuote = (text: string): string => `'${text.replaceAll("'", `'\\''`)}'`
 
 /** the program telnetd starts on the pty: size, the command, its status and the session's pid */
-export const wrapperScript = (dir: string, repoDir: string, text: string, rows: number, cols: number): string =>
+export const wrapperScript = (dir: string, text: string, rows: number, cols: number): string =>
   [
     "#!/bin/sh",
     // the wrapper outlives ^C (the command gets the default handling) to record the status
     "trap : INT TERM HUP QUIT",
     `echo $$ > ${shellQuote(path.join(dir, "pid"))}`,
     `stty rows ${dimension(rows)} cols ${dimension(cols)} 2>/dev/null`,
-    // a repository the user cannot enter is the command's failure (status 1), recorded as any other
-    `cd ${shellQuote(repoDir)} && /bin/sh -c ${shellQuote(text)}`,
+    // the working directory is telnetd's (the repository, entered before the uid changes, as for
+    // other turns)
+    `/bin/sh -c ${shellQuote(text)}`,
     `echo $? > ${shellQuote(path.join(dir, "status.tmp"))} && mv ${shellQuote(path.join(dir, "status.tmp"))} ${shellQuote(path.join(dir, "status"))}`,
     ""
   ].join("\n")
@@ -192,7 +193,7 @@ export class TtyTurnRunner {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "abox-tty-"))
     try {
       const wrapper = path.join(dir, "wrapper")
-      await fs.writeFile(wrapper, wrapperScript(dir, this.env.repoDir, text, options.rows, options.cols), {
+      await fs.writeFile(wrapper, wrapperScript(dir, text, options.rows, options.cols), {
         mode: 0o755
       })
       if (user !== undefined) {
@@ -204,7 +205,7 @@ export class TtyTurnRunner {
       throw error
     }
     const child = spawn(this.busybox, ["telnetd", "-i", "-f", "/dev/null", "-l", path.join(dir, "wrapper")], {
-      cwd: dir, // the wrapper enters the repository (a failure there is the command's status)
+      cwd: this.env.repoDir,
       env: { ...turnEnv(this.env), ...(options.term === undefined ? {} : { TERM: options.term }) },
       detached: true,
       stdio: ["pipe", "pipe", "ignore"],
