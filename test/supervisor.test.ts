@@ -25,7 +25,7 @@ import { HttpsBrokerLive } from "../src/layers/HttpsBrokerLive.js"
 import { FakeImages } from "../src/layers/Lifecycle.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
-import type { ControlReply, TurnRequest } from "../src/protocol/Control.js"
+import type { ControlReply, ControlRequest, TurnRequest } from "../src/protocol/Control.js"
 import { connect, forward, status, statusIfRunning, stop } from "../src/programs/detached.js"
 import { open, resume } from "../src/programs/session.js"
 import { controlSocketPath, supervise } from "../src/programs/supervisor.js"
@@ -220,6 +220,62 @@ describe("detached supervisor (FakeVmm)", () => {
         expect(yield* statusIfRunning("sup")).toEqual(Option.none())
         const notRunning = yield* exec("sup", { text: "true" }).pipe(Effect.flip)
         expect(notRunning._tag).toBe("SessionNotRunning")
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
+    "exec -t: a tty turn over the control socket; input, resize and signal lines from its own connection",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const ready = yield* Deferred.make<{ sessionId: string; socket: string }>()
+        const supervisor = yield* supervise(open({ source: source(), name: "tty" }), {
+          onReady: (info) => Deferred.succeed(ready, info)
+        }).pipe(Effect.fork)
+        yield* Deferred.await(ready)
+        const run = (text: string, drive: (send: (line: ControlRequest) => Effect.Effect<void, unknown>) => Effect.Effect<void, unknown>) =>
+          Effect.scoped(
+            Effect.gen(function* () {
+              const connection = yield* connect("tty")
+              yield* connection.send({ type: "turn", text, tty: { rows: 25, cols: 90, term: "xterm" } })
+              const replies: Array<ControlReply> = []
+              let driven = false
+              yield* connection.replies.pipe(
+                Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
+                Stream.runForEach((reply) =>
+                  Effect.gen(function* () {
+                    replies.push(reply)
+                    if (!driven && stdoutOf(replies).includes("ready")) {
+                      driven = true
+                      yield* drive(connection.send)
+                    }
+                  })
+                )
+              )
+              return replies
+            })
+          )
+        const typed = yield* run('stty size; echo "term=$TERM"; echo ready; read line; stty size; echo "got=$line"', (send) =>
+          Effect.gen(function* () {
+            yield* send({ type: "resize", rows: 40, cols: 100 })
+            yield* realSleep(300)
+            yield* send({ type: "input", data: Buffer.from("abc\r").toString("base64") })
+          })
+        )
+        expect(stdoutOf(typed)).toMatch(/^25 90\r\nterm=xterm\r\nready\r\n/)
+        expect(stdoutOf(typed)).toContain("40 100\r\ngot=abc\r\n")
+        expect(endOf(typed)).toMatchObject({ exitCode: 0, cancelled: false })
+        // ^C typed is the line discipline's SIGINT; a signal line reaches the command too
+        const interrupted = yield* run("echo ready; sleep 30", (send) =>
+          send({ type: "input", data: Buffer.from([3]).toString("base64") })
+        )
+        expect(endOf(interrupted)).toMatchObject({ exitCode: 130 })
+        const signalled = yield* run("echo ready; sleep 30", (send) => send({ type: "signal", signal: "SIGTERM" }))
+        expect(endOf(signalled)).toMatchObject({ exitCode: 143 })
+        yield* stop("tty")
+        expect(yield* Fiber.join(supervisor)).toBe("stop")
       }).pipe(Effect.provide(layerFor(home)))
     },
     120_000

@@ -43,6 +43,7 @@ import {
   type TurnRequest,
   turnText
 } from "../protocol/Control.js"
+import type { TtyControl } from "../services/GuestRpc.js"
 import type { Session } from "./session.js"
 
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (src/lib/socketPath.ts) */
@@ -143,7 +144,9 @@ const serve = Effect.fn("supervisor.serve")(function* (
     starter: number,
     request: TurnRequest,
     delivery: Delivery,
-    cancel: Deferred.Deferred<void>
+    cancel: Deferred.Deferred<void>,
+    /** a tty turn's typed bytes, resizes and signals (only an exec connection has them) */
+    controls?: Stream.Stream<TtyControl>
   ) =>
     Effect.gen(function* () {
       const emit = (reply: ControlReply) =>
@@ -161,6 +164,15 @@ const serve = Effect.fn("supervisor.serve")(function* (
       const text = turnText(request)
       if (typeof text !== "string") {
         const error = new ControlError({ reason: "bad request", message: text.invalid })
+        yield* emit({ type: "error", error: errorFields(error) })
+        return undefined
+      }
+      const tty = request.tty
+      if (tty !== undefined && controls === undefined) {
+        const error = new ControlError({
+          reason: "bad request",
+          message: "a terminal turn is run by `abox exec -t` (its own connection), not from attach"
+        })
         yield* emit({ type: "error", error: errorFields(error) })
         return undefined
       }
@@ -184,7 +196,11 @@ const serve = Effect.fn("supervisor.serve")(function* (
                   Deferred.await(cancel),
                   Effect.sleep(Duration.millis(request.timeoutMs)).pipe(Effect.tap(() => (timedOut = true)))
                 )
-          const last = yield* session.turn(text).pipe(
+          const events =
+            tty === undefined || controls === undefined
+              ? session.turn(text)
+              : session.ttyTurn(text, { ...tty, controls })
+          const last = yield* events.pipe(
             Stream.interruptWhen(stopper),
             Stream.runFoldEffect(undefined as TurnEnded | undefined, (end, event) =>
               event._tag === "End"
@@ -227,12 +243,30 @@ const serve = Effect.fn("supervisor.serve")(function* (
     Effect.gen(function* () {
       const delivery: Delivery = { current: send }
       const cancel = yield* Deferred.make<void>()
-      const fiber = yield* Effect.forkIn(runTurn(client, request, delivery, cancel), serveScope)
+      // a tty turn's keys, sizes and signals: only from this connection, the one that started it
+      const controls = yield* Queue.unbounded<TtyControl>()
+      const fiber = yield* Effect.forkIn(
+        runTurn(client, request, delivery, cancel, request.tty === undefined ? undefined : Stream.fromQueue(controls)),
+        serveScope
+      )
       const input = readLines(lines).pipe(
         Stream.runForEach((line) =>
           Either.match(decodeRequest(line), {
             onLeft: () => Effect.void,
-            onRight: (next) => (next.type === "cancel" ? Deferred.succeed(cancel, undefined) : Effect.void)
+            onRight: (next) => {
+              switch (next.type) {
+                case "cancel":
+                  return Deferred.succeed(cancel, undefined)
+                case "input":
+                  return Queue.offer(controls, { _tag: "Input", bytes: Buffer.from(next.data, "base64") })
+                case "resize":
+                  return Queue.offer(controls, { _tag: "Resize", rows: next.rows, cols: next.cols })
+                case "signal":
+                  return Queue.offer(controls, { _tag: "Signal", signal: next.signal })
+                default:
+                  return Effect.void
+              }
+            }
           })
         ),
         Effect.ignore

@@ -6,7 +6,7 @@
  * `forward_ok` the connection carries raw bytes). Every line is Schema-decoded on both ends.
  */
 import * as Schema from "effect/Schema"
-import { AgentEvent, Hello } from "./Messages.js"
+import { AgentEvent, Hello, TurnSignalName } from "./Messages.js"
 
 /** this protocol's version, in `status` */
 export const CONTROL_VERSION = 1
@@ -30,8 +30,30 @@ export const TurnRequest = msg("turn", {
   text: Schema.String,
   env: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.String })),
   cwd: Schema.optional(Schema.String),
-  timeoutMs: Schema.optional(Schema.Int.pipe(Schema.positive()))
+  timeoutMs: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  /**
+   * run it on a pseudo-terminal of this size in the guest (`exec -t`); the connection that sent
+   * it may then send `input`, `resize` and `signal` lines for it
+   */
+  tty: Schema.optional(
+    Schema.Struct({
+      rows: Schema.Int.pipe(Schema.between(1, 0xffff)),
+      cols: Schema.Int.pipe(Schema.between(1, 0xffff)),
+      term: Schema.optional(Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9._+-]{1,64}$/)))
+    })
+  )
 })
+/** a tty turn's typed bytes (base64), from the connection that started it */
+export const InputRequest = msg("input", {
+  data: Schema.String.pipe(Schema.pattern(/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/))
+})
+/** the tty turn's terminal changed size */
+export const ResizeRequest = msg("resize", {
+  rows: Schema.Int.pipe(Schema.between(1, 0xffff)),
+  cols: Schema.Int.pipe(Schema.between(1, 0xffff))
+})
+/** a signal to the tty turn's command (protocol turn_signal's fixed set) */
+export const SignalRequest = msg("signal", { signal: TurnSignalName })
 /** cancel the turn this connection started */
 export const CancelRequest = msg("cancel", {})
 /** watch every turn; `type: true` asks to be the one client that types (granted if free) */
@@ -46,7 +68,10 @@ export const ControlRequest = Schema.Union(
   CancelRequest,
   AttachRequest,
   StopRequest,
-  ForwardRequest
+  ForwardRequest,
+  InputRequest,
+  ResizeRequest,
+  SignalRequest
 )
 export type ControlRequest = typeof ControlRequest.Type
 export type TurnRequest = typeof TurnRequest.Type
