@@ -142,13 +142,20 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
       const { id, out } = JSON.parse(first.stdout) as { id: string; out: string }
       expect(out).toBe("from-first\n")
       const second = script(
-        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
+        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst p = await s.run("say hi", { mode: "prompt" });\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], p: p.agentEnd, listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
       )
       expect(second.code, second.stderr).toBe(0)
       const [line1, line2] = second.stdout.trim().split("\n")
       expect(JSON.parse(line1!)).toEqual({
         id,
         r: [4, "hello\n"],
+        // a prompt turn over the socket reaches the model agent (no key here: it ends saying so)
+        p: {
+          kind: "agent_end",
+          reason: "error",
+          steps: 1,
+          message: expect.stringContaining("set ANTHROPIC_API_KEY on the host")
+        },
         listed: [["shared", true, "number"]],
         stopped: true
       })

@@ -111,6 +111,9 @@ describe("detached supervisor (FakeVmm)", () => {
         expect(endOf(envTurn)).toMatchObject({ exitCode: 3, cancelled: false })
         const badEnv = yield* exec("sup", { text: "true", env: { "A-B": "x" } })
         expect(badEnv.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
+        // a prompt turn is the model agent's: env and cwd belong to shell turns
+        const promptWithCwd = yield* exec("sup", { text: "hi", mode: "prompt", cwd: "/" })
+        expect(promptWithCwd.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
 
         // timeout: the turn is cancelled, timedOut says why
         const slow = yield* exec("sup", { text: "sleep 30", timeoutMs: 300 })
@@ -140,7 +143,7 @@ describe("detached supervisor (FakeVmm)", () => {
             )
           })
         )
-        expect(watched[0]).toEqual({ type: "attached", typist: false })
+        expect(watched[0]).toEqual({ type: "attached", typist: false, lines: "prompt" })
         expect(watched[1]).toMatchObject({ type: "turn_started", text: "echo early; sleep 0.5; echo late" })
         expect(stdoutOf(watched)).toBe("early\nlate\n")
         expect(endOf(watched)).toMatchObject({ exitCode: 0 })
@@ -151,10 +154,10 @@ describe("detached supervisor (FakeVmm)", () => {
           Effect.gen(function* () {
             const typist = yield* connect("sup")
             yield* typist.send({ type: "attach", typist: true })
-            expect(yield* typist.next).toEqual(Option.some({ type: "attached", typist: true }))
+            expect(yield* typist.next).toEqual(Option.some({ type: "attached", typist: true, lines: "prompt" }))
             const other = yield* connect("sup")
             yield* other.send({ type: "attach", typist: true })
-            expect(yield* other.next).toEqual(Option.some({ type: "attached", typist: false }))
+            expect(yield* other.next).toEqual(Option.some({ type: "attached", typist: false, lines: "prompt" }))
             yield* other.send({ type: "turn", text: "echo refused" })
             expect(yield* other.next).toMatchObject(
               Option.some({ type: "error", error: { _tag: "ControlError" } })

@@ -365,11 +365,15 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
  * One turn in a running session, as the in-process `Session.turn` gives it: the guest's events,
  * then `End`. Interrupting the stream (leaving a loop early) cancels the turn, as in-process.
  */
-export const remoteTurn = (ref: string, text: string): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
+export const remoteTurn = (
+  ref: string,
+  text: string,
+  mode: "shell" | "prompt" = "shell"
+): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
   Stream.unwrapScoped(
     Effect.gen(function* () {
       const connection = yield* connect(ref)
-      yield* connection.send({ type: "turn", text })
+      yield* connection.send({ type: "turn", text, ...(mode === "prompt" ? { mode } : {}) })
       let ended = false
       yield* Effect.addFinalizer(() =>
         ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)

@@ -55,6 +55,8 @@ export interface ServeOptions {
   /** close after this long with no client connected and no turn running (default: never) */
   readonly idleTimeout?: Duration.DurationInput | undefined
   /** told once the control socket listens */
+  /** what an attached typist's line is (told in `attached`): "shell" when the session has an agent command */
+  readonly lines?: "prompt" | "shell" | undefined
   readonly onReady?:
     ((info: { readonly sessionId: string; readonly socket: string }) => Effect.Effect<void>) | undefined
 }
@@ -184,7 +186,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
                   Deferred.await(cancel),
                   Effect.sleep(Duration.millis(request.timeoutMs)).pipe(Effect.tap(() => (timedOut = true)))
                 )
-          const last = yield* session.turn(text).pipe(
+          const last = yield* session.turn(text, request.mode).pipe(
             Stream.interruptWhen(stopper),
             Stream.runFoldEffect(undefined as TurnEnded | undefined, (end, event) =>
               event._tag === "End"
@@ -256,7 +258,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
         yield* Effect.addFinalizer(() => Effect.sync(() => (typist = typist === client ? undefined : typist)))
       }
       const subscription = yield* PubSub.subscribe(hub)
-      yield* send({ type: "attached", typist: isTypist })
+      yield* send({ type: "attached", typist: isTypist, lines: options.lines ?? "prompt" })
       // a turn's start tells its typist that it is theirs
       const deliver = (item: Broadcast) =>
         send(

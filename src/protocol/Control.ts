@@ -30,7 +30,9 @@ export const TurnRequest = msg("turn", {
   text: Schema.String,
   env: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.String })),
   cwd: Schema.optional(Schema.String),
-  timeoutMs: Schema.optional(Schema.Int.pipe(Schema.positive()))
+  timeoutMs: Schema.optional(Schema.Int.pipe(Schema.positive())),
+  /** absent or "shell": a shell command (or the agent command); "prompt": the model agent (no env/cwd) */
+  mode: Schema.optional(Schema.Literal("shell", "prompt"))
 })
 /** cancel the turn this connection started */
 export const CancelRequest = msg("cancel", {})
@@ -86,7 +88,12 @@ export const TurnEnded = msg("turn_end", {
 export type TurnEnded = typeof TurnEnded.Type
 export const Attached = msg("attached", {
   /** this client types (its `turn` lines are run); false: it watches */
-  typist: Schema.Boolean
+  typist: Schema.Boolean,
+  /**
+   * what a typed line is in this session (`!cmd` is always a shell command): "prompt" for the
+   * model agent, "shell" when the session has an agent command (`--agent`); absent: "prompt"
+   */
+  lines: Schema.optional(Schema.Literal("prompt", "shell"))
 })
 export const Stopping = msg("stopping", { pid: Schema.Number })
 export const ForwardOk = msg("forward_ok", { port: Schema.Number })
@@ -170,6 +177,8 @@ export const turnText = (request: TurnRequest): string | { readonly invalid: str
   const env = Object.entries(request.env ?? {})
   const bad = env.find(([name]) => !ENV_NAME.test(name))
   if (bad !== undefined) return { invalid: `not an environment variable name: ${bad[0]}` }
+  if (request.mode === "prompt" && (env.length > 0 || request.cwd !== undefined))
+    return { invalid: "a prompt turn takes no environment or working directory (they are for shell turns)" }
   if (env.length === 0 && request.cwd === undefined) return request.text
   const exports = env.map(([name, value]) => `export ${name}=${shellQuote(value)}\n`).join("")
   const cd = request.cwd !== undefined ? `cd ${shellQuote(request.cwd)} || exit 126\n` : ""

@@ -338,10 +338,8 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
   let closed = false
   const turn = (text: string, options?: TurnOptions) => {
     if (closed) throw new Error(`session handle ${id} is closed`)
-    // the supervisor's control socket carries shell turns only, so far
-    if (options?.mode === "prompt")
-      throw new Error(`prompt turns are not yet served over a detached session's socket (${id})`)
-    return iterableOf(() => Detached.remoteTurn(id, text))
+    // shell and prompt turns go the same way: the supervisor runs them on its session
+    return iterableOf(() => Detached.remoteTurn(id, text, options?.mode ?? "shell"))
   }
   const close = async () => {
     closed = true
