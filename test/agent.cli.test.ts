@@ -229,7 +229,12 @@ describe("prompt turns in a detached session (fake backend, real broker, real pr
       // attach: a line is a prompt, !cmd a shell command (as in abox open)
       mock.push({ kind: "text", chunks: ["attached answer"] })
       const attach = spawn(process.execPath, [cliBundle, "attach", "agentd"], {
-        env: { PATH: process.env.PATH ?? "", HOME: path.join(home, "user"), ABOX_HOME: home, ABOX_VMM: "fake" },
+        env: {
+          PATH: process.env.PATH ?? "",
+          HOME: path.join(home, "user"),
+          ABOX_HOME: home,
+          ABOX_VMM: "fake"
+        },
         stdio: ["pipe", "pipe", "pipe"]
       })
       let out = ""

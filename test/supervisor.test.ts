@@ -154,10 +154,14 @@ describe("detached supervisor (FakeVmm)", () => {
           Effect.gen(function* () {
             const typist = yield* connect("sup")
             yield* typist.send({ type: "attach", typist: true })
-            expect(yield* typist.next).toEqual(Option.some({ type: "attached", typist: true, lines: "prompt" }))
+            expect(yield* typist.next).toEqual(
+              Option.some({ type: "attached", typist: true, lines: "prompt" })
+            )
             const other = yield* connect("sup")
             yield* other.send({ type: "attach", typist: true })
-            expect(yield* other.next).toEqual(Option.some({ type: "attached", typist: false, lines: "prompt" }))
+            expect(yield* other.next).toEqual(
+              Option.some({ type: "attached", typist: false, lines: "prompt" })
+            )
             yield* other.send({ type: "turn", text: "echo refused" })
             expect(yield* other.next).toMatchObject(
               Option.some({ type: "error", error: { _tag: "ControlError" } })

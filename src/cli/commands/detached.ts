@@ -255,7 +255,9 @@ const execTurnOf = (args: {
 }): Effect.Effect<{ readonly text: string; readonly mode?: "prompt" }, ExecUsageError> => {
   if (Option.isNone(args.prompt)) return Effect.succeed({ text: args.turn.join(" ") })
   if (args.turn.length > 0)
-    return Effect.fail(new ExecUsageError({ message: "give either --prompt or a command after --, not both" }))
+    return Effect.fail(
+      new ExecUsageError({ message: "give either --prompt or a command after --, not both" })
+    )
   if (args.env.length > 0 || Option.isSome(args.workdir))
     return Effect.fail(new ExecUsageError({ message: "-e and -w are for shell commands, not --prompt" }))
   return Effect.succeed({ text: args.prompt.value, mode: "prompt" as const })
@@ -346,9 +348,11 @@ export const execCommand = Command.make(
         })
       )
     )
-).pipe(Command.withDescription(
+).pipe(
+  Command.withDescription(
     "run a command (after --) or a model-agent turn (--prompt) in a running session (abox start); exits with its status"
-  ))
+  )
+)
 
 // ---- stop ----
 
@@ -431,7 +435,11 @@ export const attachCommand = Command.make(
                 ? prompt()
                 : Effect.zipRight(
                     SubscriptionRef.update(outstanding, (n) => n + 1),
-                    connection.send({ type: "turn", text: turn.text, ...(turn.mode === "prompt" ? { mode: "prompt" } : {}) })
+                    connection.send({
+                      type: "turn",
+                      text: turn.text,
+                      ...(turn.mode === "prompt" ? { mode: "prompt" } : {})
+                    })
                   )
             }),
             Effect.zipRight(
