@@ -42,13 +42,37 @@ export const StopRequest = msg("stop", {})
 /** a byte stream to 127.0.0.1:<port> in the guest */
 export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.between(1, 65535)) })
 
+/**
+ * A repository operation run by the supervisor on its connection (docs/detached.md "Repository
+ * operations"): the same programs as on a stopped session. Host paths are absolute (the client
+ * resolves them); the supervisor, the same user on the same host, reads and writes them itself.
+ */
+export const RepoOp = Schema.Union(
+  Schema.Struct({
+    op: Schema.Literal("diff"),
+    stat: Schema.optional(Schema.Boolean),
+    paths: Schema.optional(Schema.Array(Schema.String))
+  }),
+  Schema.Struct({
+    op: Schema.Literal("apply"),
+    to: Schema.String,
+    check: Schema.optional(Schema.Boolean),
+    paths: Schema.optional(Schema.Array(Schema.String))
+  }),
+  Schema.Struct({ op: Schema.Literal("copy_out"), guestPath: Schema.String, hostPath: Schema.String }),
+  Schema.Struct({ op: Schema.Literal("copy_in"), hostPath: Schema.String, guestDir: Schema.String })
+)
+export type RepoOp = typeof RepoOp.Type
+export const RepoRequest = msg("repo", { request: RepoOp })
+
 export const ControlRequest = Schema.Union(
   StatusRequest,
   TurnRequest,
   CancelRequest,
   AttachRequest,
   StopRequest,
-  ForwardRequest
+  ForwardRequest,
+  RepoRequest
 )
 export type ControlRequest = typeof ControlRequest.Type
 export type TurnRequest = typeof TurnRequest.Type
@@ -106,6 +130,21 @@ export type ErrorFields = typeof ErrorFields.Type
 /** a typed error (its `_tag` is the tag the CLI maps to an exit code) */
 export const ControlErrorMsg = msg("error", { error: ErrorFields })
 
+/** a piece of a repository operation's text (a diff), in order; at most REPO_CHUNK characters */
+export const RepoData = msg("repo_data", { data: Schema.String })
+/** a repository operation's end: what it did (apply: `paths`; cp: `files`, `bytes`, cp out: `path`) */
+export const RepoDone = msg("repo_done", {
+  paths: Schema.optional(Schema.Array(Schema.String)),
+  files: Schema.optional(Schema.Number),
+  bytes: Schema.optional(Schema.Number),
+  path: Schema.optional(Schema.String)
+})
+export type RepoDone = typeof RepoDone.Type
+/** characters per `repo_data` line: JSON escaping at most sextuples them, below MAX_CONTROL_LINE */
+export const REPO_CHUNK = 256 * 1024
+/** the most diff text a client accepts over the socket (a bound against a runaway patch) */
+export const MAX_REMOTE_PATCH = 256 * 1024 * 1024
+
 export const ControlReply = Schema.Union(
   StatusReply,
   TurnStarted,
@@ -114,7 +153,9 @@ export const ControlReply = Schema.Union(
   Attached,
   Stopping,
   ForwardOk,
-  ControlErrorMsg
+  ControlErrorMsg,
+  RepoData,
+  RepoDone
 )
 export type ControlReply = typeof ControlReply.Type
 
