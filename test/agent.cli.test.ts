@@ -6,6 +6,7 @@
  * carries it to the next request; `--model gpt` talks to the OpenAI API the same way.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { cliBundle, startCli, tempHome, withCliAndSource } from "./cliHelpers.js"
@@ -186,5 +187,73 @@ describe("prompt turns (fake backend, real broker)", () => {
     const both = await abox(home, ["run", sourceDir(), "-p", "hi", "--", "ls"], {})
     expect(both.code).toBe(64)
     expect(both.stderr).toContain("either --prompt or a shell command")
+  })
+})
+
+describe("prompt turns in a detached session (fake backend, real broker, real processes)", () => {
+  it("abox exec -p runs a model turn in the running session; attach lines are prompts, !cmd a shell command", async () => {
+    const home = setUpHome()
+    const env = { ANTHROPIC_API_KEY: CANARY }
+    const started = await abox(home, ["start", sourceDir(), "--name", "agentd"], env)
+    expect(started.code).toBe(0)
+    try {
+      mock.push(
+        { kind: "tools", calls: [{ name: "shell", input: { command: "echo tool-ran" } }] },
+        { kind: "text", chunks: ["Done ", "over the socket."] }
+      )
+      const before = mock.requests.length
+      const json = await abox(home, ["exec", "agentd", "--json", "-p", "run something"], {})
+      expect(json.code).toBe(0)
+      const events = jsonEvents(json.stdout)
+      expect(events.find((e) => e.kind === "tool_result")).toMatchObject({ name: "shell", isError: false })
+      expect(String(events.find((e) => e.kind === "tool_result")!.output)).toContain("tool-ran")
+      expect(events.at(-1)).toMatchObject({ kind: "agent_end", reason: "done" })
+      expect(mock.requests.length - before).toBe(2)
+      // the supervisor's broker adds the key (the exec process has none)
+      expect(mock.requests.at(-1)!.headers["x-api-key"]).toBe(CANARY)
+
+      // rendered like run -p: the answer on stdout
+      mock.push({ kind: "text", chunks: ["plain answer"] })
+      const plain = await abox(home, ["exec", "agentd", "--prompt", "again"], {})
+      expect(plain.code).toBe(0)
+      expect(plain.stdout).toContain("plain answer")
+      // the conversation is the session's: the second prompt carries the first
+      expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("run something")
+
+      // usage errors before any connection
+      const both = await abox(home, ["exec", "agentd", "-p", "hi", "--", "ls"], {})
+      expect(both.code).toBe(64)
+      const withEnv = await abox(home, ["exec", "agentd", "-e", "A=1", "-p", "hi"], {})
+      expect(withEnv.code).toBe(64)
+
+      // attach: a line is a prompt, !cmd a shell command (as in abox open)
+      mock.push({ kind: "text", chunks: ["attached answer"] })
+      const attach = spawn(process.execPath, [cliBundle, "attach", "agentd"], {
+        env: {
+          PATH: process.env.PATH ?? "",
+          HOME: path.join(home, "user"),
+          ABOX_HOME: home,
+          ABOX_VMM: "fake"
+        },
+        stdio: ["pipe", "pipe", "pipe"]
+      })
+      let out = ""
+      let err = ""
+      attach.stdout.on("data", (d: Buffer) => (out += d.toString()))
+      attach.stderr.on("data", (d: Buffer) => (err += d.toString()))
+      const exited = new Promise<number | null>((resolve) => attach.on("exit", (code) => resolve(code)))
+      // one line at a time: the turns of one typist queue in order
+      attach.stdin.write("!echo shell-$((40 + 2))\nwhat now?\n")
+      attach.stdin.end()
+      expect(await exited).toBe(0)
+      expect(out).toContain("shell-42\n")
+      expect(out).toContain("attached answer")
+      expect(err).toContain("· turn 3: echo shell-$((40 + 2))")
+      expect(err).toContain("· turn 4: what now?")
+      expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("what now?")
+    } finally {
+      const stopped = await abox(home, ["stop", "agentd"], {})
+      expect(stopped.code).toBe(0)
+    }
   })
 })
