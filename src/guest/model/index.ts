@@ -33,6 +33,7 @@ import type { ModelSpec } from "../../protocol/GuestConfig.js"
 import type { AgentEvent } from "../../protocol/Messages.js"
 import { CREDENTIAL_PLACEHOLDER } from "../connectProxy.js"
 import type { TurnUser } from "../user.js"
+import * as ChatLanguageModel from "./chat.js"
 import { DEFAULT_MAX_STEPS, messagesOf, promptFromMessages, promptTurn, type Conversation } from "./loop.js"
 import { AgentToolkit, killAllTools, makeHandlers } from "./tools.js"
 
@@ -186,10 +187,17 @@ const languageModelLayer = (spec: ModelSpec, http: Layer.Layer<HttpClient.HttpCl
       config: { max_tokens: spec.maxOutputTokens ?? 8192 }
     }).pipe(Layer.provide(AnthropicClient.layer({ apiKey, apiUrl: spec.endpoint })), Layer.provide(http))
   }
+  const client = OpenAiClient.layer({ apiKey, apiUrl: spec.endpoint })
+  if (spec.api === "chat") {
+    return ChatLanguageModel.layer({ model: spec.id, maxTokens: spec.maxOutputTokens }).pipe(
+      Layer.provide(client),
+      Layer.provide(http)
+    )
+  }
   return OpenAiLanguageModel.layer({
     model: spec.id,
     ...(spec.maxOutputTokens === undefined ? {} : { config: { max_output_tokens: spec.maxOutputTokens } })
-  }).pipe(Layer.provide(OpenAiClient.layer({ apiKey, apiUrl: spec.endpoint })), Layer.provide(http))
+  }).pipe(Layer.provide(client), Layer.provide(http))
 }
 
 export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {

@@ -152,6 +152,9 @@ export const describeModelError = (
 ): string => {
   const status = statusOf(error)
   const keyVar = spec.apiKeyEnv ?? "the provider's key variable"
+  if ((status === 401 || status === 403) && spec.apiKeyEnv === undefined) {
+    return `the model server at ${spec.endpoint} refused the request (${status}); its catalog entry has no key (apiKeyEnv null): set apiKeyEnv in models.json if it needs one`
+  }
   if (status === 401 || status === 403) {
     return `the ${spec.provider} API refused the request (${status}): check ${keyVar} on the host (the broker adds it; the guest only sees a placeholder)`
   }
