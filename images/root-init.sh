@@ -7,6 +7,10 @@
 # step, which creates /run/abox-agent.started) falls back to the plain bundle: never a dead boot.
 export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 export HOME=/root
+# the agent's own node: /opt/abox/bin/node when the image has one apart from the turns' node
+# (the workstation), else the one on PATH
+AGENT_NODE=/opt/abox/bin/node
+[ -x "$AGENT_NODE" ] || AGENT_NODE=node
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 grep -q ' /dev ' /proc/mounts || mount -t devtmpfs devtmpfs /dev
@@ -29,7 +33,7 @@ done
 # is built here, by this node on this (virtual) CPU, then the VM powers off
 case " $(cat /proc/cmdline) " in
   *" abox.snapshot=build "*)
-    if sh /opt/abox/agent-snapshot.sh "$(command -v node)" /opt/abox/abox-guest-snapshot.cjs /opt/abox/agent.blob; then
+    if sh /opt/abox/agent-snapshot.sh "$(command -v "$AGENT_NODE")" /opt/abox/abox-guest-snapshot.cjs /opt/abox/agent.blob; then
       echo "abox-init: agent snapshot built"
     else
       echo "abox-init: agent snapshot not built"
@@ -45,7 +49,7 @@ if [ -x /opt/abox/init-hook ]; then /opt/abox/init-hook; fi
 export UV_THREADPOOL_SIZE=8
 status=
 if [ -f /opt/abox/agent.blob ]; then
-  node --snapshot-blob /opt/abox/agent.blob
+  "$AGENT_NODE" --snapshot-blob /opt/abox/agent.blob
   status=$?
   if [ "$status" -ne 0 ] && [ ! -e /run/abox-agent.started ]; then
     echo "abox-init: the agent snapshot did not start ($status): starting the bundle"
@@ -53,7 +57,7 @@ if [ -f /opt/abox/agent.blob ]; then
   fi
 fi
 if [ -z "$status" ]; then
-  node /opt/abox/abox-guest.js
+  "$AGENT_NODE" /opt/abox/abox-guest.js
   status=$?
 fi
 echo "abox-init: agent exited ($status)"

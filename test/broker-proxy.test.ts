@@ -60,14 +60,19 @@ describe("guest CONNECT proxy (real sockets)", () => {
     })
     try {
       const denied = await exchange(proxy.port, "CONNECT evil.com:443 HTTP/1.1\r\n\r\n")
-      expect(denied).toMatch(/^HTTP\/1\.1 403 Forbidden\r\n/)
+      // the reason in the status line too: what curl -v, GNU wget, git and Python print
+      expect(denied).toMatch(/^HTTP\/1\.1 403 Forbidden \(abox: host-not-allowed\)\r\n/)
       expect(denied).toContain("X-Abox-Deny-Reason: host-not-allowed\r\n")
       const v6 = await exchange(proxy.port, "CONNECT [::1]:443 HTTP/1.1\r\n\r\n")
       expect(v6).toMatch(/^HTTP\/1\.1 403/)
       expect(asked).toEqual(["evil.com:443", "[::1]:443"]) // passed on as written: the host decides
-      expect(
-        await exchange(proxy.port, "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n")
-      ).toMatch(/^HTTP\/1\.1 405/)
+      // plain HTTP through the proxy: a 403 with the reason (status line, header, body), never a
+      // 405 a client reports obscurely
+      const plain = await exchange(proxy.port, "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n")
+      expect(plain).toMatch(/^HTTP\/1\.1 403 Forbidden \(abox: plain-http-not-brokered: [^\r]*\)\r\n/)
+      expect(plain).toContain("X-Abox-Deny-Reason: plain-http-not-brokered")
+      expect(plain).toMatch(/\r\n\r\nForbidden \(abox: plain-http-not-brokered[^\n]*\n$/)
+      expect(await exchange(proxy.port, "GET / FTP/1.0\r\n\r\n")).toMatch(/^HTTP\/1\.1 400/)
       expect(await exchange(proxy.port, "CONNECT example.com HTTP/1.1\r\n\r\n")).toMatch(/^HTTP\/1\.1 400/)
       expect(await exchange(proxy.port, "CONNECT example.com:99999 HTTP/1.1\r\n\r\n")).toMatch(
         /^HTTP\/1\.1 400/
@@ -93,8 +98,17 @@ describe("guest CONNECT proxy (real sockets)", () => {
     for (const name of ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"])
       expect(env[name]).toBe("http://127.0.0.1:3128")
     expect(env.NODE_EXTRA_CA_CERTS).toBe("/etc/abox/broker-ca.pem")
-    for (const name of ["SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO"])
+    for (const name of ["SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "npm_config_cafile"])
       expect(env[name]).toBe("/etc/abox/ca-bundle.pem")
+    // each client's own spelling of the proxy: npm, pip, git's http.proxy
+    for (const name of ["npm_config_https_proxy", "npm_config_proxy", "PIP_PROXY"])
+      expect(env[name]).toBe("http://127.0.0.1:3128")
+    expect([env.GIT_CONFIG_COUNT, env.GIT_CONFIG_KEY_0, env.GIT_CONFIG_VALUE_0]).toEqual([
+      "1",
+      "http.proxy",
+      "http://127.0.0.1:3128"
+    ])
+    expect(env.NODE_USE_ENV_PROXY).toBe("1")
     expect(CREDENTIAL_PLACEHOLDER).toBe("abox-placeholder")
   })
 })

@@ -14,11 +14,12 @@ import { execFileSync } from "node:child_process"
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import { createRequire } from "node:module"
+import * as os from "node:os"
 import * as path from "node:path"
 import * as Chunk from "effect/Chunk"
 import * as Stream from "effect/Stream"
 import { writeConfigDisk } from "../src/lib/disk.js"
-import { goldenOf, resolveImage } from "../src/lib/images.js"
+import { goldenOf, listImages, type RegisteredImage, resolveImage } from "../src/lib/images.js"
 import type { GuestConfig } from "../src/protocol/GuestConfig.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
 import { QemuVmmLive } from "../src/layers/QemuVmm.js"
@@ -123,6 +124,109 @@ export const ensureTestImage = async (): Promise<GoldenImage> => {
       return goldenOf(built)
     })
     return await Effect.runPromise(program.pipe(Effect.provide(layer)))
+  } finally {
+    unlock(fd)
+    fs.closeSync(fd)
+  }
+}
+
+/**
+ * The recipe digest images/build-full.sh writes to `recipe.sha256` beside a workstation image's
+ * files: `<name> <sha256>` lines for images/*.sh (C order) and the snapshot entry.
+ */
+const recipeDigest = (): string => {
+  const imagesDir = path.join(repoRoot, "images")
+  const lines = fs
+    .readdirSync(imagesDir)
+    .filter((name) => name.endsWith(".sh"))
+    .sort()
+    .map((name) => `${name} ${sha256(path.join(imagesDir, name))}\n`)
+  if (fs.existsSync(guestSnapshotEntry)) lines.push(`snapshot-entry ${sha256(guestSnapshotEntry)}\n`)
+  return crypto.createHash("sha256").update(lines.join("")).digest("hex")
+}
+
+/** why the workstation image cannot be built here (debootstrap, a Debian mirror), or undefined */
+export const workstationSkipReason = (): string | undefined =>
+  vmSkipReason() ?? (has("debootstrap") ? undefined : "debootstrap is missing: the workstation image cannot be built")
+
+const WORKSTATION = "abox-full"
+
+/**
+ * The x86_64 workstation image (`--variant full`), registered in the test home as `abox-full`
+ * (not the default: the busybox image stays the fast one). Built once per inputs (the guest
+ * bundle, whose digest image.json records, and `recipe.sha256`); a matching image that
+ * `scripts/setup.sh` already built in `$ABOX_HOME` (default ~/.abox) is linked in instead of
+ * built again (CI runs setup first).
+ */
+export const ensureWorkstationImage = async (): Promise<GoldenImage> => {
+  fs.mkdirSync(testHome, { recursive: true })
+  const { waitForLock, unlock } = createRequire(import.meta.url)("fs-native-extensions") as {
+    waitForLock: (fd: number) => Promise<boolean>
+    unlock: (fd: number) => void
+  }
+  const fd = fs.openSync(path.join(testHome, ".image.lock"), "a")
+  try {
+    await waitForLock(fd)
+    const agent = sha256(guestBundle)
+    const recipe = recipeDigest()
+    const matches = (image: RegisteredImage) => {
+      const file = path.join(image.dir, "recipe.sha256")
+      return (
+        image.meta.variant === "full" &&
+        image.meta.arch === "x86_64" &&
+        image.meta.agent === agent &&
+        fs.existsSync(file) &&
+        fs.readFileSync(file, "utf8").trim() === recipe
+      )
+    }
+    const layer = Layer.mergeAll(
+      aboxPathsAt(testHome),
+      NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
+    )
+    const imagesDir = path.join(testHome, "images")
+    const program = Effect.gen(function* () {
+      const own = (yield* listImages(imagesDir)).images.find((image) => matches(image))
+      if (own !== undefined) return goldenOf(own)
+      const userHome = process.env.ABOX_HOME ?? path.join(os.homedir(), ".abox")
+      const theirs = (yield* listImages(path.join(userHome, "images"))).images.find((image) => matches(image))
+      if (theirs !== undefined) {
+        // golden files are read-only and never written: a hard link (else a sparse copy) will do
+        const target = path.join(imagesDir, theirs.meta.name, theirs.meta.digest)
+        const staging = `${target}.link-${process.pid}`
+        fs.mkdirSync(staging, { recursive: true })
+        for (const file of fs.readdirSync(theirs.dir)) {
+          const from = path.join(theirs.dir, file)
+          const to = path.join(staging, file)
+          try {
+            fs.linkSync(from, to)
+          } catch {
+            execFileSync("cp", ["--sparse=always", "--preserve=mode", from, to])
+          }
+        }
+        fs.rmSync(target, { recursive: true, force: true })
+        fs.renameSync(staging, target)
+        const linked = (yield* listImages(imagesDir)).images.find((image) => image.dir === target)
+        if (linked !== undefined) return goldenOf(linked)
+      }
+      const built = yield* buildImage({
+        arch: "x86_64",
+        variant: "full",
+        name: WORKSTATION,
+        makeDefault: false,
+        agent: guestBundle,
+        snapshotEntry: guestSnapshotEntry
+      })
+      return goldenOf(built)
+    })
+    const image = await Effect.runPromise(program.pipe(Effect.provide(layer)))
+    // earlier workstation images of this checkout (other inputs) are 800 MB each: only the current one stays
+    const kept = path.dirname(image.kernel)
+    const parent = path.join(imagesDir, WORKSTATION)
+    for (const digest of fs.existsSync(parent) ? fs.readdirSync(parent) : []) {
+      const dir = path.join(parent, digest)
+      if (dir !== kept) fs.rmSync(dir, { recursive: true, force: true })
+    }
+    return image
   } finally {
     unlock(fd)
     fs.closeSync(fd)

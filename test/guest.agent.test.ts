@@ -21,7 +21,14 @@ const allowedEnv = [
   "LANG",
   "ABOX_MODEL",
   ...["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"].flatMap((name) => [name, name.toLowerCase()]),
-  "NODE_USE_ENV_PROXY"
+  "NODE_USE_ENV_PROXY",
+  // the same proxy in npm's, pip's and git's own spelling
+  "npm_config_https_proxy",
+  "npm_config_proxy",
+  "PIP_PROXY",
+  "GIT_CONFIG_COUNT",
+  "GIT_CONFIG_KEY_0",
+  "GIT_CONFIG_VALUE_0"
 ]
 
 const cleanups: Array<() => void> = []

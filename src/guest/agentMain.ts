@@ -116,6 +116,7 @@ const CA_VARIABLES = [
   "REQUESTS_CA_BUNDLE",
   "GIT_SSL_CAINFO",
   "PIP_CERT",
+  "npm_config_cafile",
   "AWS_CA_BUNDLE",
   "DENO_CERT"
 ]
@@ -139,7 +140,10 @@ const writeCaFiles = async (runDir: string, pem: string) => {
       mode: 0o644
     }
   )
-  return { sessionCaPath, caBundlePath }
+  // GNU wget (GnuTLS) reads no CA variable: a wgetrc names the bundle (WGETRC; /etc/wgetrc still applies)
+  const wgetrcPath = path.join(runDir, "wgetrc")
+  await fs.writeFile(wgetrcPath, `ca_certificate = ${caBundlePath}\n`, { mode: 0o644 })
+  return { sessionCaPath, caBundlePath, wgetrcPath }
 }
 
 /** credentials the broker adds on the host side: the turn sees their names with a placeholder value */
@@ -164,7 +168,8 @@ export const startEgressProxy = async (
     env = guestProxyEnv({ port: proxy.port, caBundlePath: "", sessionCaPath: "" })
     for (const name of CA_VARIABLES) delete env[name]
   } else {
-    env = guestProxyEnv({ port: proxy.port, ...(await writeCaFiles(flags.run, config.brokerCaCert)) })
+    const { wgetrcPath, ...caFiles } = await writeCaFiles(flags.run, config.brokerCaCert)
+    env = { ...guestProxyEnv({ port: proxy.port, ...caFiles }), WGETRC: wgetrcPath }
   }
   log(`egress proxy on 127.0.0.1:${proxy.port}${config.brokerCaCert === undefined ? " (no broker CA)" : ""}`)
   const running = proxy

@@ -35,8 +35,10 @@ export const CREDENTIAL_PLACEHOLDER = "abox-placeholder"
 /**
  * The environment the guest agent sets for every process it starts, so that HTTPS goes through
  * the proxy and trusts the session CA. `caBundlePath`: the system CAs plus the session CA (for
- * OpenSSL-based tools, which read one file); `sessionCaPath`: the session CA alone (Node adds it
- * to its own roots).
+ * OpenSSL- and GnuTLS-based tools, which read one file); `sessionCaPath`: the session CA alone
+ * (Node adds it to its own roots). Each ordinary client's own spelling is set as well: npm's
+ * (`npm_config_*`), pip's (`PIP_*`), git's `http.proxy` (through `GIT_CONFIG_*`); GNU wget reads
+ * its CA from a wgetrc (`WGETRC`, written by the agent).
  */
 export const guestProxyEnv = (options: {
   readonly port: number
@@ -53,24 +55,40 @@ export const guestProxyEnv = (options: {
     all_proxy: url,
     NO_PROXY: "localhost,127.0.0.1,::1",
     no_proxy: "localhost,127.0.0.1,::1",
+    npm_config_https_proxy: url,
+    npm_config_proxy: url,
+    PIP_PROXY: url,
+    GIT_CONFIG_COUNT: "1",
+    GIT_CONFIG_KEY_0: "http.proxy",
+    GIT_CONFIG_VALUE_0: url,
     NODE_EXTRA_CA_CERTS: options.sessionCaPath,
-    // Node ≥ 24 honours the proxy variables only with this set; older versions ignore it
+    // Node ≥ 24 honours the proxy variables (fetch, the global http agents) only with this set
     NODE_USE_ENV_PROXY: "1",
     SSL_CERT_FILE: options.caBundlePath,
     CURL_CA_BUNDLE: options.caBundlePath,
     REQUESTS_CA_BUNDLE: options.caBundlePath,
     GIT_SSL_CAINFO: options.caBundlePath,
     PIP_CERT: options.caBundlePath,
+    npm_config_cafile: options.caBundlePath,
     AWS_CA_BUNDLE: options.caBundlePath,
     DENO_CERT: options.caBundlePath
   }
 }
 
+/** the refusal's reason, fit for a status line and a header: printable ASCII, bounded */
+const printable = (reason: string) => reason.replace(/[^\x20-\x7e]/g, "?").slice(0, 200)
+
+/**
+ * A refusal every client can show: the reason is in the status line (what curl -v, GNU wget,
+ * git and Python print for a failed CONNECT), in `X-Abox-Deny-Reason` and in the body (what a
+ * plain-HTTP client prints).
+ */
 const reply = (socket: net.Socket, status: number, text: string, reason?: string) => {
-  const body = `${text}\n`
-  const extra = reason === undefined ? "" : `X-Abox-Deny-Reason: ${reason.replace(/[^\x20-\x7e]/g, "?")}\r\n`
+  const line = reason === undefined ? text : `${text} (abox: ${printable(reason)})`
+  const body = `${line}\n`
+  const extra = reason === undefined ? "" : `X-Abox-Deny-Reason: ${printable(reason)}\r\n`
   socket.end(
-    `HTTP/1.1 ${status} ${text}\r\n${extra}Content-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`
+    `HTTP/1.1 ${status} ${line}\r\n${extra}Content-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`
   )
 }
 
@@ -111,8 +129,13 @@ const handleConnection = (socket: net.Socket, options: ConnectProxyOptions) => {
     const head = buffered.subarray(0, end).toString("latin1")
     const rest = buffered.subarray(end + HEAD_END.length)
     const [method, target, version] = (head.split("\r\n")[0] ?? "").split(" ")
-    if (method !== "CONNECT" || version === undefined || !/^HTTP\/1\.[01]$/.test(version)) {
-      return reply(socket, 405, "Method Not Allowed", "abox only brokers HTTPS (CONNECT)")
+    if (version === undefined || !/^HTTP\/1\.[01]$/.test(version)) {
+      return reply(socket, 400, "Bad Request", "not an HTTP/1.x request")
+    }
+    // a plain-HTTP request through the proxy (`GET http://host/ HTTP/1.1`): refused like a denied
+    // host, with the reason, so that the client reports it instead of failing obscurely
+    if (method !== "CONNECT") {
+      return reply(socket, 403, "Forbidden", "plain-http-not-brokered: only HTTPS (CONNECT) leaves the guest")
     }
     const parsed = parseTarget(target ?? "")
     if (parsed === undefined) return reply(socket, 400, "Bad Request", "bad CONNECT target")
