@@ -188,6 +188,84 @@ describe("prompt turns (fake backend, real broker)", () => {
     expect(both.code).toBe(64)
     expect(both.stderr).toContain("either --prompt or a shell command")
   })
+
+  it("a local model server (models.json api chat) on 127.0.0.1: refused without a policy entry, works through resolve with its own key variable", async () => {
+    const home = tempHome()
+    const caFile = path.join(home, "mock-ca.pem")
+    fs.writeFileSync(caFile, mock.caPem)
+    fs.writeFileSync(
+      path.join(home, "models.json"),
+      JSON.stringify({
+        format: 1,
+        models: {
+          local: {
+            provider: "openai",
+            api: "chat",
+            id: "qwen-local",
+            endpoint: "https://llm.local:8443/v1",
+            apiKeyEnv: null
+          },
+          // llama.cpp's and vLLM's --api-key: the broker terminates TLS and adds it, like a provider's
+          localkey: {
+            provider: "openai",
+            api: "chat",
+            id: "qwen-local",
+            endpoint: "https://llm.local:8443/v1",
+            apiKeyEnv: "LOCAL_LLM_KEY"
+          }
+        }
+      })
+    )
+    const policy = (allow: ReadonlyArray<unknown>) =>
+      fs.writeFileSync(
+        path.join(home, "broker.json"),
+        JSON.stringify({
+          format: 1,
+          allow,
+          resolve: { "llm.local": `127.0.0.1:${mock.port}` },
+          upstreamCaFiles: [caFile]
+        })
+      )
+    // without the allow entry the broker refuses the local server, and the turn says so
+    policy([])
+    const before = mock.requests.length
+    const refused = await abox(home, ["run", sourceDir(), "--model", "local", "--json", "-p", "hi"], {})
+    expect(mock.requests.length).toBe(before)
+    const end = jsonEvents(refused.stdout).find((e) => e.kind === "agent_end")
+    expect(end).toMatchObject({ kind: "agent_end", reason: "error" })
+    expect(String(end?.message)).toContain("llm.local")
+
+    // with a key variable the entry's broker rule allows llm.local:8443 and adds the key; the
+    // policy's resolve pins the name to the local server
+    mock.push(
+      { kind: "tools", text: "Listing.", calls: [{ name: "shell", input: { command: "echo from-tool" } }] },
+      { kind: "text", chunks: ["local ", "answer"], usage: { input: 40, output: 8 } }
+    )
+    const run = await abox(home, ["run", sourceDir(), "--model", "localkey", "--json", "-p", "say hello"], {
+      OPENAI_API_KEY: "sk-not-this-one",
+      LOCAL_LLM_KEY: CANARY
+    })
+    expect(run.stderr).toBe("")
+    expect(run.code).toBe(0)
+    const events = jsonEvents(run.stdout)
+    expect(events.filter((e) => e.kind === "tool_result").map((e) => [e.name, e.isError])).toEqual([
+      ["shell", false]
+    ])
+    expect(
+      events
+        .filter((e) => e.kind === "text")
+        .map((e) => e.delta)
+        .join("")
+    ).toBe("Listing.local answer")
+    expect(events.at(-1)).toMatchObject({ kind: "agent_end", reason: "done", steps: 2 })
+    const requests = mock.requests.slice(before)
+    expect(requests.map((r) => r.path)).toEqual(["/v1/chat/completions", "/v1/chat/completions"])
+    expect((requests[0]!.body as { model: string }).model).toBe("qwen-local")
+    // the entry's own key variable, never OPENAI_API_KEY
+    expect(requests.map((r) => r.headers["authorization"])).toEqual([`Bearer ${CANARY}`, `Bearer ${CANARY}`])
+    // the tool's output went back as a tool message
+    expect(JSON.stringify(requests[1]!.body)).toContain("from-tool")
+  })
 })
 
 describe("prompt turns in a detached session (fake backend, real broker, real processes)", () => {
