@@ -70,3 +70,18 @@ if (existsSync("src/guest/snapshot.ts")) {
     logLevel: "warning"
   })
 }
+
+// The SDK's type declarations (package.json "types": dist/types/sdk/index.d.ts), for consumers in
+// strict TypeScript; tsconfig.build.json emits them and nothing else.
+{
+  const { spawnSync } = await import("node:child_process")
+  const { rmSync } = await import("node:fs")
+  rmSync("dist/types", { recursive: true, force: true })
+  const tsc = spawnSync(process.execPath, ["node_modules/typescript/bin/tsc", "-p", "tsconfig.build.json"], {
+    stdio: "inherit"
+  })
+  if (tsc.status !== 0) {
+    console.error("build: emitting the SDK's declarations failed")
+    process.exit(1)
+  }
+}

@@ -1,11 +1,26 @@
 import * as Effect from "effect/Effect"
 import { cli } from "./cli/main.js"
-import { exitCodeOf, reportUnexpected } from "./cli/render.js"
+import { exitCodeFor } from "./cli/exitCodes.js"
+import {
+  CliExit,
+  exitCodeOf,
+  parsedAtTheEdge,
+  renderError,
+  reportUnexpected,
+  wantsJson
+} from "./cli/render.js"
 import { runMain } from "./cli/runMain.js"
 import { MainLive } from "./layers/Main.js"
 
 cli(process.argv).pipe(
+  parsedAtTheEdge(process.argv),
   Effect.provide(MainLive),
+  // the environment is read as the services are made, before any command's edge
+  Effect.catchTag("ConfigInvalid", (error) =>
+    renderError(error, wantsJson(process.argv)).pipe(
+      Effect.zipRight(Effect.fail(new CliExit({ code: exitCodeFor(error._tag), tag: error._tag })))
+    )
+  ),
   runMain({
     // errors are rendered by each command's edge (src/cli/render.ts); only the unexpected is printed here
     disableErrorReporting: true,

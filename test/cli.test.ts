@@ -66,7 +66,7 @@ describe("abox CLI (built bundle, real processes)", () => {
     const text = runCli(home, ["list"])
     expect(text.code).toBe(0)
     expect(text.stdout).toContain(A)
-    expect(text.stdout).toMatch(new RegExp(`${B}\\s+CORRUPT: .*not valid JSON`))
+    expect(text.stdout).toMatch(new RegExp(`${B}\\s+STOPPED\\s+\\S+ \\S+\\s+CORRUPT: .*not valid JSON`))
     expect(text.stdout).toMatch(/legacy-one.*\[legacy\]/)
     const json = runCli(home, ["list", "--json"])
     expect(json.code).toBe(0)
@@ -143,7 +143,9 @@ describe("abox CLI (built bundle, real processes)", () => {
 
     const removed = runCli(home, ["rm", "doomed", "--yes", "--json"])
     expect(removed.code).toBe(0)
-    expect(parse(removed.stdout)).toEqual({ removed: { sessionId: A } })
+    expect(parse(removed.stdout)).toEqual({
+      removed: [{ sessionId: A, names: ["doomed"], bytes: expect.any(Number) }]
+    })
     expect(fs.existsSync(path.join(sessions, A))).toBe(false)
     expect(fs.existsSync(path.join(home, "names", "doomed.json"))).toBe(false)
     // a corrupt session can be removed too; a legacy one never

@@ -139,7 +139,7 @@ describe("GuestRpcLive over a real unix socket", () => {
       yield* Effect.promise(() => oldGuest.closed)
       expect(oldGuest.received).toMatchObject([{ type: "error", code: "protocol_unsupported" }])
 
-      fakeGuest(path, () => undefined, { protocol: 5 })
+      void fakeGuest(path, () => undefined, { protocol: 5 })
       const tooNew = yield* Effect.scoped(accept).pipe(Effect.flip)
       expect(tooNew).toMatchObject({ _tag: "GuestTooNew", protocol: 5, maximum: 4 })
     }).pipe(Effect.scoped, provide)
@@ -422,7 +422,7 @@ describe("GuestRpcLive over a real unix socket", () => {
       const path = socketPath()
       const { accept } = yield* listen(path)
       const N = 3000
-      fakeGuest(path, (g, m) => {
+      void fakeGuest(path, (g, m) => {
         if (m.type !== "user_turn") return
         for (let i = 0; i < N; i++) {
           void g.mux.sendControl({

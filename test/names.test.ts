@@ -63,12 +63,13 @@ describe("names in the store", () => {
     })
   )
 
-  it.scoped("an existing session id wins over a name spelled the same", () =>
+  it.scoped("a session id is never a name (ids resolve first: such a name would point rm elsewhere)", () =>
     Effect.gen(function* () {
       const { store } = yield* tempStore
       const a = yield* store.create(input)
       const b = yield* store.create(input)
-      yield* store.bindName(a.id, b.id)
+      const error = yield* Effect.flip(store.bindName(a.id, b.id))
+      expect(error._tag).toBe("InvalidName")
       expect(yield* store.resolve(a.id)).toBe(a.id)
     })
   )

@@ -115,6 +115,8 @@ describe("open → turn → close → resume (FakeVmm)", () => {
         const exit = yield* Effect.scoped(open({ source, name: "doomed" })).pipe(Effect.exit)
         expect(Exit.isFailure(exit)).toBe(true)
         if (Exit.isFailure(exit)) expect(JSON.stringify(exit.cause)).toContain("GuestDisconnected")
+        // the console's tail is in the message: the session directory (and console.log) is gone
+        if (Exit.isFailure(exit)) expect(JSON.stringify(exit.cause)).toContain("its console ended: boom")
         expect(Date.now() - started).toBeLessThan(15_000)
         expect(sessionDirs(home).filter((d) => !d.startsWith("."))).toEqual([])
         expect(

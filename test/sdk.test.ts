@@ -10,6 +10,7 @@ process.env.ABOX_HOME = home
 process.env.ABOX_VMM = "fake"
 
 const sdk = await import("../src/sdk/index.js")
+const { processesMentioning } = await import("./support/processes.js")
 
 beforeAll(() => {
   fs.writeFileSync(path.join(source, "hello.txt"), "hello from the host\n")
@@ -39,6 +40,13 @@ describe("SDK (Promise facade) over the fake backend", () => {
     expect(row?._tag).toBe("Ok")
     expect(row?._tag === "Ok" ? row.meta.lastClose?.how : undefined).toBe("graceful")
     expect(fs.existsSync(path.join(home, "sessions", id, "transcript.json"))).toBe(false)
+  })
+
+  it("the phases of Open as events (a plain callback)", async () => {
+    const phases: Array<string> = []
+    const session = await sdk.open({ source, onPhase: (phase) => void phases.push(phase) })
+    await session.close()
+    expect(phases).toEqual(["snapshot", "clone", "config", "boot", "transfer", "ready"])
   })
 
   it("session.diff, files.read/write/list, apply; a stopped session's diff boots it; typed errors", async () => {
@@ -81,6 +89,19 @@ describe("SDK (Promise facade) over the fake backend", () => {
     }
   })
 
+  it("remove refuses an open session (SessionBusy, nothing deleted), then removes it once closed", async () => {
+    const session = await sdk.open({ source })
+    try {
+      await expect(sdk.remove(session.id)).rejects.toMatchObject({ _tag: "SessionBusy" })
+      expect(fs.existsSync(path.join(home, "sessions", session.id, "session.json"))).toBe(true)
+      expect((await session.run("echo still here")).stdout).toBe("still here\n")
+    } finally {
+      await session.close()
+    }
+    await sdk.remove(session.id)
+    expect(fs.existsSync(path.join(home, "sessions", session.id))).toBe(false)
+  })
+
   it("rejects with the typed error itself", async () => {
     await expect(sdk.resume("no-such-session")).rejects.toMatchObject({ _tag: "SessionNotFound" })
     await expect(sdk.open({ source: path.join(source, "missing") })).rejects.toMatchObject({
@@ -104,6 +125,22 @@ describe("SDK (Promise facade) over the fake backend", () => {
       await manager.stop("my-project")
     }
     await expect(manager.start("my-project", { source })).rejects.toMatchObject({ _tag: "NameTaken" })
+  })
+
+  it("SessionManager: a turn that fails (the VM died) still ends its busy spell: the idle timeout closes the session", async () => {
+    const manager = new sdk.SessionManager()
+    const session = await manager.start("dies", { source, timeout: 0.5 })
+    const events = session.turn("echo started; sleep 60")[Symbol.asyncIterator]()
+    await events.next()
+    for (const pid of processesMentioning(session.dir)) process.kill(pid, "SIGKILL")
+    await expect(
+      (async () => {
+        for (;;) if ((await events.next()).done === true) return
+      })()
+    ).rejects.toBeDefined()
+    const deadline = Date.now() + 15_000
+    while (!session.closed && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100))
+    expect(session.closed).toBe(true)
   })
 
   it("SessionManager: an idle timeout closes the session", async () => {

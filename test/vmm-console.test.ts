@@ -14,6 +14,7 @@ describe("bounded console.log", () => {
         fc.array(fc.uint8Array({ maxLength: 300 }), { maxLength: 40 }),
         (max, chunks) => {
           const file = path.join(dir, "console.log")
+          fs.rmSync(file, { force: true })
           const c = new BoundedConsole(file, max)
           let all = Buffer.alloc(0)
           for (const chunk of chunks) {
@@ -30,6 +31,23 @@ describe("bounded console.log", () => {
         }
       )
     )
+    fs.rmSync(dir, { recursive: true, force: true })
+  })
+
+  it("a later boot appends after a marker: earlier boots are kept, within the bound", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-console-"))
+    const file = path.join(dir, "console.log")
+    const first = new BoundedConsole(file, 4096)
+    first.write(Buffer.from("first boot\n"))
+    first.close()
+    const second = new BoundedConsole(file, 4096)
+    second.write(Buffer.from("second boot\n"))
+    second.close()
+    expect(fs.readFileSync(file, "utf8")).toMatch(/^first boot\n\n--- abox: boot at \S+ ---\nsecond boot\n$/)
+    const third = new BoundedConsole(file, 64)
+    third.write(Buffer.from("x".repeat(100)))
+    third.close()
+    expect(fs.statSync(file).size).toBeLessThanOrEqual(64)
     fs.rmSync(dir, { recursive: true, force: true })
   })
 

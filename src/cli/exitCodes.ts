@@ -6,6 +6,10 @@
 export const exitCodeByTag: Readonly<Record<string, number>> = {
   // usage (bad flags, arguments)
   ValidationError: 64,
+  // usage too (64 like ValidationError, their own tags): an ABOX_* environment variable abox does
+  // not accept; --cpus or --memory out of range (open/run/resume)
+  ConfigInvalid: 64,
+  InvalidOption: 64,
   // store
   SessionNotFound: 65,
   SessionCorrupt: 66,

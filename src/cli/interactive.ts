@@ -14,6 +14,7 @@ import { writeJsonAtomic } from "../lib/atomicFile.js"
 import type { Session } from "../programs/session.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
 import type { AgentEvent } from "../protocol/Messages.js"
+import { CliExit } from "./render.js"
 import { agentOutput, printEvent, turnExitCode } from "./turnOutput.js"
 
 /** `transcript.json`: the interactive mode's log of a session (the SDK never writes it). */
@@ -82,7 +83,21 @@ const loadTranscript = (file: string, sessionId: string): Effect.Effect<Transcri
 
 const HELP =
   "type a prompt for the agent and press Enter · !cmd runs a shell command · /tools shows the last turn's tool output · " +
-  "Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session · /diff [--stat] shows the changes since Open"
+  "Ctrl-C cancels a running turn · Ctrl-D or /exit closes the session · /diff [--stat] shows the changes since Open · /help"
+
+/** what a turn is, for /help */
+const TURN_HELP = [
+  HELP,
+  "A line is a prompt for the model agent; it answers, and runs its tools (shell, read/write/edit",
+  "files, search) in /work/repo as an unprivileged user. `!cmd` is a shell turn: one command line",
+  "(or, with --agent, one message to that command), run in /work/repo as that user. It gets no",
+  "stdin and no terminal (no editors, no prompts); its output streams here. Each turn is a fresh",
+  "process: `cd` and `export` do not carry over to the next (chain with `&&`, or write a script).",
+  "Files it changes stay in the session's disk (/diff shows them)."
+].join("\n")
+
+/** Ctrl-C at an empty prompt: a hint, not a close (a shell habit must not end the session) */
+const CTRL_C_HINT = "(Ctrl-D or /exit closes the session; Ctrl-C cancels a running turn)"
 
 /**
  * a line as typed → the turn: `!cmd` a shell command, anything else a prompt (or, for a session
@@ -159,6 +174,23 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
       : ""
     process.stderr.write(`abox: session ${session.id} ready${contextNote}\n${HELP}\n`)
 
+    // Ctrl-C at the prompt: the hint; while a turn runs, the turn's own listener cancels it
+    let turnRunning = false
+    yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        const onIdleCtrlC = () => {
+          if (turnRunning) return
+          process.stderr.write(`\n${CTRL_C_HINT}\n`)
+          rl.prompt()
+        }
+        rl.on("SIGINT", onIdleCtrlC)
+        return onIdleCtrlC
+      }),
+      (listener) => Effect.sync(() => rl.off("SIGINT", listener))
+    )
+    // piped turns (no terminal): the exit status is the last failed turn's
+    let lastFailure = 0
+
     const lines = rl[Symbol.asyncIterator]()
     const nextLine = Effect.promise(() => {
       rl.prompt()
@@ -173,7 +205,7 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
       if (text === "") continue
       if (text === "/exit" || text === "/quit") break
       if (text === "/help") {
-        process.stderr.write(HELP + "\n")
+        process.stderr.write(TURN_HELP + "\n")
         continue
       }
       if (text === "/diff" || text === "/diff --stat") {
@@ -213,6 +245,7 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
         Stream.runLast,
         Effect.map(Option.getOrUndefined)
       )
+      turnRunning = true
       const fiber = yield* Effect.fork(turn)
       // Ctrl-C while a turn runs cancels it (interrupting the stream sends `cancel` to the guest)
       const ctrlC = Effect.async<void>((resume) => {
@@ -220,12 +253,16 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
         rl.once("SIGINT", onCtrlC)
         return Effect.sync(() => rl.off("SIGINT", onCtrlC))
       })
-      const exit = yield* Effect.raceFirst(Fiber.await(fiber), Effect.zipRight(ctrlC, Fiber.interrupt(fiber)))
+      const exit = yield* Effect.raceFirst(
+        Fiber.await(fiber),
+        Effect.zipRight(ctrlC, Fiber.interrupt(fiber))
+      ).pipe(Effect.ensuring(Effect.sync(() => (turnRunning = false))))
       if (Exit.isFailure(exit) && !Cause.isInterruptedOnly(exit.cause))
         return yield* Exit.failCause(exit.cause)
       const end: TurnEvent | undefined = Exit.isSuccess(exit) ? exit.value : undefined
       const cancelled = Exit.isFailure(exit) || (end?._tag === "End" && end.cancelled)
       const code = cancelled ? 130 : turnExitCode(end)
+      if (code !== 0) lastFailure = code
       if (code !== 0) process.stderr.write(`· exit ${code}${cancelled ? " (cancelled)" : ""}\n`)
       transcript = {
         ...transcript,
@@ -247,5 +284,8 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
           Effect.sync(() => process.stderr.write(`abox: transcript not saved: ${error.message}\n`))
         )
       )
+    }
+    if (process.stdin.isTTY !== true && lastFailure !== 0) {
+      return yield* new CliExit({ code: lastFailure, tag: "TurnExit" })
     }
   })

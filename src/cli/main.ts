@@ -3,6 +3,7 @@ import pkg from "../../package.json" with { type: "json" }
 import { image } from "./commands/image.js"
 import { list } from "./commands/list.js"
 import { name } from "./commands/name.js"
+import { prune } from "./commands/prune.js"
 import { rm } from "./commands/rm.js"
 import { doctorCommand, gcCommand, logs } from "./commands/maintenance.js"
 import { scrub } from "./commands/scrub.js"
@@ -28,6 +29,7 @@ const subcommands = [
   logs,
   name,
   rm,
+  prune,
   gcCommand,
   scrub,
   doctorCommand,

@@ -1,12 +1,15 @@
+import * as Args from "@effect/cli/Args"
+import * as HelpDoc from "@effect/cli/HelpDoc"
 import * as ValidationError from "@effect/cli/ValidationError"
 import * as Cause from "effect/Cause"
-import * as Config from "effect/Config"
 import * as Console from "effect/Console"
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
+import * as FiberRef from "effect/FiberRef"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
+import { readEnv, skipScrub } from "../lib/env.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import { exitCodeFor, UNKNOWN_ERROR_EXIT } from "./exitCodes.js"
 
@@ -17,6 +20,11 @@ export class ConfirmationRequired extends Schema.TaggedError<ConfirmationRequire
 
 /** the user answered no (or quit the prompt) */
 export class Cancelled extends Schema.TaggedError<Cancelled>()("Cancelled", {
+  message: Schema.String
+}) {}
+
+/** a bad command line found by a command itself (after @effect/cli parsed it): exit 64 like its own */
+export class UsageError extends Schema.TaggedError<UsageError>()("ValidationError", {
   message: Schema.String
 }) {}
 
@@ -61,11 +69,9 @@ export const printJson = (value: unknown) => Console.log(JSON.stringify(value, n
 export const renderError = (error: Tagged, json: boolean) =>
   json ? printJson(errorJson(error)) : Console.error(`abox: ${errorMessage(error).split("\n").join(" ")}`)
 
-const skipScrub = Config.boolean("ABOX_SKIP_SCRUB").pipe(Config.withDefault(false))
-
 /** DESIGN: the scrubber runs on every start. Nothing secret is printed, only counts. */
 export const startupScrub = Effect.gen(function* () {
-  if (yield* skipScrub) return
+  if (yield* readEnv(skipScrub)) return
   const scrubber = yield* SecretScrubber
   const report = yield* scrubber.scrub({ dryRun: false })
   const changed = report.findings.filter((f) => f.changed)
@@ -99,6 +105,91 @@ export const edge =
           : renderError(error, options.json).pipe(
               Effect.zipRight(Effect.fail(new CliExit({ code: exitCodeFor(error._tag), tag: error._tag })))
             )
+      ),
+      (effect) => withCommandConsole(effect)
+    )
+
+/** the process's console, kept aside while @effect/cli parses with a quiet one (see `parsedAtTheEdge`) */
+const commandConsole = FiberRef.unsafeMake<Option.Option<Console.Console>>(Option.none())
+
+const withCommandConsole = <A, E, R>(body: Effect.Effect<A, E, R>) =>
+  Effect.flatMap(FiberRef.get(commandConsole), (saved) =>
+    Option.match(saved, { onNone: () => body, onSome: (console) => Effect.withConsole(body, console) })
+  )
+
+/**
+ * A positional argument that is not an option: @effect/cli hands an unknown `--flag` to the
+ * next positional (`run --bogus dir` would look for a directory called `--bogus`).
+ */
+export const notAnOption = <A extends string>(args: Args.Args<A>): Args.Args<A> =>
+  Args.mapEffect(args, (value) =>
+    value.startsWith("-") && value !== "-"
+      ? Effect.fail(HelpDoc.p(`unknown option ${value}`))
+      : Effect.succeed(value)
+  )
+
+/** `--json` among the words before `--` (after it they are the turn's) */
+export const wantsJson = (argv: ReadonlyArray<string>): boolean => {
+  const end = argv.indexOf("--")
+  return (end === -1 ? argv : argv.slice(0, end)).includes("--json")
+}
+
+const ANSI = /\u001b\[[0-9;]*[A-Za-z]/g
+
+/** @effect/cli's error text as one plain line */
+export const validationText = (error: ValidationError.ValidationError): string =>
+  HelpDoc.toAnsiText(error.error)
+    .replace(ANSI, "")
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l !== "")
+    .join(" ")
+
+/** @effect/cli's type sentences, said of every argument and option: noise in our help */
+const HELP_BOILERPLATE =
+  /^ {2}(A user-defined piece of text\.|A true or false value\.|An integer\.|A file system path\.|A directory path\.|This argument must be repeated at least \d+ times?\.|This setting is optional\.)\n\n?/gm
+
+/**
+ * `--help` as people read it: no colour when stdout is not a terminal or NO_COLOR is set, usage
+ * lines that start with `abox`, without @effect/cli's per-type boilerplate.
+ */
+export const tidyHelp = (text: string): string => {
+  const plain = process.stdout.isTTY !== true || (process.env.NO_COLOR ?? "") !== ""
+  return (plain ? text.replace(ANSI, "") : text)
+    .replace(/^\$ (?!abox\b)/gm, "$ abox ")
+    .replace(HELP_BOILERPLATE, "")
+}
+
+/**
+ * The one error edge for what @effect/cli finds before a command runs (unknown flag, missing or
+ * bad argument): instead of its own multi-line printout, the same one line (or `{"error":…}`
+ * with `--json`) and exit code 64 as every other error. Its own printing of these goes to a
+ * quiet console; each command's edge gets the real one back.
+ */
+export const parsedAtTheEdge =
+  (argv: ReadonlyArray<string>) =>
+  <A, E, R>(cli: Effect.Effect<A, E, R>) =>
+    Console.consoleWith((console) =>
+      cli.pipe(
+        Effect.withConsole({
+          ...console,
+          error: () => Effect.void,
+          log: (...args: ReadonlyArray<unknown>) =>
+            console.log(...args.map((a) => (typeof a === "string" && a.includes("USAGE") ? tidyHelp(a) : a)))
+        }),
+        Effect.locally(commandConsole, Option.some(console)),
+        Effect.catchIf(
+          (e): e is E & ValidationError.ValidationError => ValidationError.isValidationError(e),
+          (e) =>
+            renderError(
+              { _tag: "ValidationError", message: `${validationText(e)} (abox --help shows the usage)` },
+              wantsJson(argv)
+            ).pipe(
+              Effect.zipRight(
+                Effect.fail(new CliExit({ code: exitCodeFor("ValidationError"), tag: "ValidationError" }))
+              )
+            )
+        )
       )
     )
 

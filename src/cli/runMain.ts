@@ -1,7 +1,18 @@
 import { makeRunMain } from "@effect/platform/Runtime"
+import * as Effect from "effect/Effect"
 import { constants } from "node:os"
 
-/** The termination signals the CLI turns into Close (seed 000: SIGINT, SIGTERM and SIGHUP). */
+let sessionsHeld = 0
+
+/** while `effect` runs, a signal says it closes a session (other commands just stop) */
+export const holdingSession = <A, E, R>(effect: Effect.Effect<A, E, R>) =>
+  Effect.acquireUseRelease(
+    Effect.sync(() => sessionsHeld++),
+    () => effect,
+    () => Effect.sync(() => sessionsHeld--)
+  )
+
+/** The termination signals the CLI turns into Close (SIGINT, SIGTERM and SIGHUP). */
 export const CLOSE_SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const
 
 /**
@@ -20,7 +31,11 @@ export const runMain = makeRunMain(({ fiber, teardown }) => {
     receivedSignal = signal
     removeListeners()
     // say so: the close takes a moment (the guest powers off), and a second signal cuts it short
-    process.stderr.write(`\nabox: ${signal}: closing (a second signal exits at once)\n`)
+    process.stderr.write(
+      sessionsHeld > 0
+        ? `\nabox: ${signal}: closing (a second signal exits at once)\n`
+        : `\nabox: ${signal}\n`
+    )
     fiber.unsafeInterruptAsFork(fiber.id())
   }
   for (const signal of CLOSE_SIGNALS) process.on(signal, onSignal)

@@ -102,7 +102,7 @@ export class GuestAgent {
     link.onError((error) => {
       this.options.log(`protocol error from the host: ${error.reason}`)
       // best effort: the mux closes right after reporting
-      this.send({ type: "error", code: "protocol_error", message: error.reason })
+      this.send({ type: "error", code: "protocol_error", message: error.reason }).catch(() => undefined)
       this.finish("protocol_error")
     })
     link.onClose(() => this.finish("disconnected"))

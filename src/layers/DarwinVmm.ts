@@ -39,7 +39,7 @@ export { fallbackSignalFor } from "../vmm/supervisor.js"
 export interface DarwinVmmOptions {
   /** the platform whose rules apply (fallback signal, socket path limit); default process.platform */
   readonly platform?: NodeJS.Platform
-  /** the vfkit executable: a path, or a name looked up on PATH (default: $ABOX_VFKIT, else `vfkit`) */
+  /** the vfkit executable: a path, or a name looked up on PATH (default `vfkit`; the CLI and SDK pass $ABOX_VFKIT) */
   readonly vfkit?: string
   /** guest architecture (default: the host's, aarch64 on Apple silicon; Virtualization.framework does not emulate) */
   readonly arch?: GuestArch
@@ -78,7 +78,7 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
     const stepMs = options.stepMs ?? 1500
 
     const start = Effect.fn("DarwinVmm.start")(function* (spec: VmSpec) {
-      const wanted = options.vfkit ?? process.env.ABOX_VFKIT ?? "vfkit"
+      const wanted = options.vfkit ?? "vfkit"
       const vfkit = findExecutable(wanted)
       if (vfkit === undefined) {
         return yield* new VmmUnavailable({

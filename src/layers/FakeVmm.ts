@@ -67,11 +67,18 @@ export interface FakeGuestPaths {
   readonly dir: string
   readonly state: string
   readonly repo: string
+  /** the VmSpec's resources of the last start (JSON) */
+  readonly vmSpec: string
 }
 
 export const fakeGuestPaths = (sessionDir: string): FakeGuestPaths => {
   const dir = path.join(sessionDir, "fake-guest")
-  return { dir, state: path.join(dir, "state"), repo: path.join(dir, "repo") }
+  return {
+    dir,
+    state: path.join(dir, "state"),
+    repo: path.join(dir, "repo"),
+    vmSpec: path.join(dir, "vm-spec.json")
+  }
 }
 
 export interface FakeVmmOptions {
@@ -109,6 +116,17 @@ export const make = (options: FakeVmmOptions = {}) =>
         .makeDirectory(paths.dir, { recursive: true, mode: 0o700 })
         .pipe(
           Effect.mapError((error) => vmmError("setup_failed", `cannot create ${paths.dir}: ${error.message}`))
+        )
+      // what a VM would be given, for tests of what reaches the VMM (the flags → VmSpec path)
+      yield* fs
+        .writeFileString(
+          paths.vmSpec,
+          JSON.stringify({ arch: spec.arch, cpus: spec.cpus, memoryMiB: spec.memoryMiB }) + "\n"
+        )
+        .pipe(
+          Effect.mapError((error) =>
+            vmmError("setup_failed", `cannot write ${paths.vmSpec}: ${error.message}`)
+          )
         )
 
       // runtime files turn processes read (the broker CA bundle): outside the 0700 session dir so

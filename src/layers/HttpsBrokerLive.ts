@@ -6,7 +6,6 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as FiberSet from "effect/FiberSet"
 import * as Layer from "effect/Layer"
-import * as ParseResult from "effect/ParseResult"
 import * as Redacted from "effect/Redacted"
 import * as Ref from "effect/Ref"
 import * as Runtime from "effect/Runtime"
@@ -15,6 +14,7 @@ import * as dns from "node:dns"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
+import { describeParseError } from "../lib/parseErrors.js"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import { makeSessionCa } from "../lib/broker/ca.js"
@@ -459,7 +459,10 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
             new BrokerPolicyError({
               path: file,
               reason: "unreadable",
-              message: `cannot read ${file}: ${cause.message}`
+              message:
+                cause._tag === "SystemError" && cause.reason === "NotFound"
+                  ? `the broker policy file ${file} does not exist`
+                  : `cannot read the broker policy file ${file}: ${cause.message}`
             })
         )
       )
@@ -469,7 +472,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
             new BrokerPolicyError({
               path: file,
               reason: "invalid",
-              message: `${file} is not a valid broker policy: ${ParseResult.TreeFormatter.formatErrorSync(error)}`
+              message: `${file} is not a valid broker policy (docs/broker.md): ${describeParseError(error)}`
             })
         )
       )

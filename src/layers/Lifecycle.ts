@@ -1,10 +1,10 @@
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as Config from "effect/Config"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import { qemuAccel, readEnv, vfkitExecutable, vmmChoice } from "../lib/env.js"
 import { ImagesLive } from "../lib/images.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { hostArch } from "../lib/arch.js"
@@ -23,7 +23,7 @@ import { RuntimeLockLive } from "./RuntimeLockLive.js"
  * overridable with `ABOX_VMM=qemu|vz|fake`. `fake` runs the real guest agent as a host process:
  * a test backend, with a placeholder image (its root disk is a directory).
  */
-export const vmmChoice = Config.literal("qemu", "vz", "fake")("ABOX_VMM").pipe(Config.option)
+export { vmmChoice }
 
 /** the backend a host uses: the explicit choice, else by platform */
 export const chooseBackend = (
@@ -56,14 +56,17 @@ export const FakeImages = Layer.succeed(Images, {
 
 const backends = Layer.unwrapEffect(
   Effect.gen(function* () {
-    const backend = chooseBackend(yield* vmmChoice)
+    const backend = chooseBackend(yield* readEnv(vmmChoice))
     if (backend === "fake") return Layer.merge(FakeVmm.layer, FakeImages)
     const paths = yield* AboxPaths
     const images = ImagesLive.pipe(Layer.provide(NodeCommandExecutor.layer))
     const vmm =
       backend === "vz"
-        ? DarwinVmmLive()
-        : QemuVmmLive({ accelCache: path.join(paths.home, "cache", "accel.json") })
+        ? DarwinVmmLive({ vfkit: yield* readEnv(vfkitExecutable) })
+        : QemuVmmLive({
+            accel: yield* readEnv(qemuAccel),
+            accelCache: path.join(paths.home, "cache", "accel.json")
+          })
     return Layer.merge(vmm, images)
   })
 )

@@ -24,7 +24,7 @@ import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 export interface QemuVmmOptions {
   /** guest architecture this backend runs (default: the host's) */
   readonly arch?: GuestArch
-  /** "auto" (default): KVM when /dev/kvm opens read-write and a probe VM starts on it, else TCG */
+  /** "auto" (default; the CLI and SDK pass $ABOX_QEMU_ACCEL): KVM when /dev/kvm opens read-write and a probe VM starts on it, else TCG */
   readonly accel?: "auto" | Accel
   /** argv of the helper (default: `node <dist>/abox-vmm.js`) */
   readonly helper?: ReadonlyArray<string>
@@ -131,7 +131,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
         const known = yield* Ref.get(accelRef)
         if (Option.isSome(known)) return known.value
         let accel: Accel
-        const wanted = options.accel ?? (process.env.ABOX_QEMU_ACCEL as "auto" | Accel | undefined) ?? "auto"
+        const wanted = options.accel ?? "auto"
         const cacheKey = accelCacheKey(qemu, arch)
         const remembered =
           options.accelCache === undefined

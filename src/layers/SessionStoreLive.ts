@@ -5,13 +5,13 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
-import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { createRequire } from "node:module"
 // Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock and a
 // chmod that must not depend on the umask.
 import * as nodeFs from "node:fs/promises"
 import * as path from "node:path"
+import { describeParseError } from "../lib/parseErrors.js"
 import { type AtomicWriteError, fsyncDir, writeFileExclusive, writeJsonAtomic } from "../lib/atomicFile.js"
 import { makeIdGenerator } from "../lib/ids.js"
 import { describeNameProblem, nameProblem, sanitiseName } from "../lib/names.js"
@@ -134,7 +134,7 @@ export const makeSessionStore = Effect.gen(function* () {
       }
       return yield* Schema.decodeUnknown(schema)(json.right).pipe(
         Effect.mapError((error) => {
-          const reason = ParseResult.TreeFormatter.formatErrorSync(error)
+          const reason = describeParseError(error)
           return new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
         })
       )
@@ -308,6 +308,13 @@ export const makeSessionStore = Effect.gen(function* () {
 
   const bindName = Effect.fn("SessionStore.bindName")(function* (name: string, id: string) {
     const stem = yield* checkName(name)
+    // an existing session's id (a legacy one need not look like an id) is never a name
+    if (yield* exists(name)) {
+      return yield* new InvalidName({
+        name,
+        message: `"${name}" is the id of a session, which refs resolve first: choose another name`
+      })
+    }
     yield* locate(id)
     return yield* withNameLock(
       stem,

@@ -132,7 +132,9 @@ export const writeJsonAtomic = Effect.fn("atomicFile.writeJsonAtomic")(function*
   mode: number = 0o600
 ) {
   const bytes = yield* encodeJsonBytes(schema, value).pipe(
-    Effect.mapError((e) => new AtomicWriteError({ ...e, path: file }))
+    Effect.mapError(
+      (e) => new AtomicWriteError({ path: file, operation: e.operation, reason: e.reason, cause: e.cause })
+    )
   )
   yield* writeFileAtomic(file, bytes, mode)
 })

@@ -4,9 +4,11 @@
  * sanitise to the same file; the binding file keeps the original name so that such a
  * collision is refused instead of overwriting.
  */
+import { isSessionId } from "./ids.js"
+
 export const NAME_MAX_LENGTH = 128
 
-export type NameProblem = "empty" | "dot" | "too-long" | "control-character"
+export type NameProblem = "empty" | "dot" | "too-long" | "control-character" | "session-id"
 
 /** `null` when the name is acceptable, else why not */
 export const nameProblem = (name: string): NameProblem | null => {
@@ -14,6 +16,8 @@ export const nameProblem = (name: string): NameProblem | null => {
   if (name === "." || name === "..") return "dot"
   if ([...name].length > NAME_MAX_LENGTH) return "too-long"
   if (/[\u0000-\u001f\u007f]/.test(name)) return "control-character"
+  // refs resolve ids first: a name shaped like an id would be shadowed by (or shadow) a session
+  if (isSessionId(name)) return "session-id"
   return null
 }
 
@@ -27,6 +31,8 @@ export const describeNameProblem = (name: string, problem: NameProblem): string 
       return `a session name has at most ${NAME_MAX_LENGTH} characters`
     case "control-character":
       return "a session name cannot contain control characters"
+    case "session-id":
+      return `"${name}" has the shape of a session id, which refs resolve first: choose another name`
   }
 }
 

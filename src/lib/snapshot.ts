@@ -56,7 +56,13 @@ export const resolveSource = Effect.fn("resolveSource")(function* (source: strin
   const stat = yield* Effect.tryPromise({
     try: () => fs.stat(root),
     catch: (cause) =>
-      new SourceInvalid({ path: root, message: `cannot read source directory ${root}: ${errorText(cause)}` })
+      new SourceInvalid({
+        path: root,
+        message:
+          (cause as { code?: unknown }).code === "ENOENT"
+            ? `source ${root} does not exist`
+            : `cannot read source directory ${root}: ${errorText(cause)}`
+      })
   })
   if (!stat.isDirectory()) {
     return yield* new SourceInvalid({ path: given, message: `source ${given} is not a directory` })

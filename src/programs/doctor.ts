@@ -1,11 +1,13 @@
 import * as Effect from "effect/Effect"
 import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
+import * as path from "node:path"
 import { kvmUsable } from "../layers/QemuVmm.js"
 import { hostArch } from "../lib/arch.js"
 import { qemuBinary } from "../vmm/argv.js"
 import { resolveImage } from "../lib/images.js"
 import { AboxPaths } from "../services/AboxPaths.js"
+import { HttpsBroker } from "../services/HttpsBroker.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 
 export interface Check {
@@ -24,6 +26,39 @@ const probe = (command: string, args: ReadonlyArray<string>) =>
   })
 
 const GiB = 1024 ** 3
+
+/** the default broker policy: absent (deny all), valid (what it allows), or invalid (why) */
+const brokerCheck = (file: string) =>
+  Effect.gen(function* () {
+    const broker = yield* HttpsBroker
+    const present = yield* Effect.promise(() =>
+      fs.access(file).then(
+        () => true,
+        () => false
+      )
+    )
+    if (!present) {
+      return {
+        name: "broker",
+        status: "ok",
+        detail: `no ${file}: sessions reach nothing (docs/broker.md)`
+      } as Check
+    }
+    return yield* broker.loadPolicy(file).pipe(
+      Effect.map((policy): Check => {
+        const unset = policy.credentials.flatMap((rule) =>
+          "fromEnv" in rule && process.env[rule.fromEnv] === undefined ? [`$${rule.fromEnv}`] : []
+        )
+        const summary = `${file}: ${policy.allow.length} allow rule(s), ${policy.credentials.length} credential rule(s)`
+        return unset.length > 0
+          ? { name: "broker", status: "warn", detail: `${summary}; not set here: ${unset.join(", ")}` }
+          : { name: "broker", status: "ok", detail: summary }
+      }),
+      Effect.catchAll((error) =>
+        Effect.succeed<Check>({ name: "broker", status: "fail", detail: error.message })
+      )
+    )
+  })
 
 /**
  * `abox doctor`: what a session needs on this host, one line each — the VMM and its
@@ -94,6 +129,8 @@ export const doctor = Effect.fn("doctor")(function* () {
           detail: `${(space / GiB).toFixed(1)} GiB free in ${paths.home}${space < 4 * GiB ? " (a session's disk can grow to a few GiB)" : ""}`
         }
   )
+
+  checks.push(yield* brokerCheck(path.join(paths.home, "broker.json")))
 
   const report = yield* scrubber.scrub({ dryRun: true })
   const pending = report.findings.filter((f) => f.count > 0).length

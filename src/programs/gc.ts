@@ -5,7 +5,9 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
-import { SessionStore } from "../services/SessionStore.js"
+import { SessionStore, StoreIoError } from "../services/SessionStore.js"
+
+const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
 export interface GcAction {
   readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm"
@@ -78,12 +80,21 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
   const lock = yield* RuntimeLock
   const paths = yield* AboxPaths
   const actions: Array<GcAction> = []
-  const act = (kind: GcAction["kind"], target: string, detail: string, run: Effect.Effect<void>) =>
+  const act = <E>(kind: GcAction["kind"], target: string, detail: string, run: Effect.Effect<void, E>) =>
     Effect.gen(function* () {
       if (!options.dryRun) yield* run
       actions.push({ kind, target, detail, done: !options.dryRun })
     })
-  const removeFile = (file: string) => Effect.promise(() => fs.rm(file, { force: true }))
+  const removeFile = (file: string) =>
+    Effect.tryPromise({
+      try: () => fs.rm(file, { force: true }),
+      catch: (cause) =>
+        new StoreIoError({
+          path: file,
+          operation: "remove",
+          message: `cannot remove ${file}: ${reasonOf(cause)}`
+        })
+    })
 
   const rows = yield* store.list()
   for (const row of rows) {

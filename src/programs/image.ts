@@ -12,6 +12,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { kvmUsable } from "../layers/QemuVmm.js"
+import { type ConfigInvalid, qemuAccel, readEnv } from "../lib/env.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { GuestArch } from "../services/SessionStore.js"
@@ -79,11 +80,12 @@ const fail = (step: string, message: string) => new ImageBuildFailed({ step, mes
 const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
 /** the accelerator a session VM gets here: ABOX_QEMU_ACCEL, else what QemuVmm's `auto` picks */
-const sessionAccel = (arch: GuestArch): Effect.Effect<Accel> => {
-  const wanted = process.env.ABOX_QEMU_ACCEL
-  if (wanted === "kvm" || wanted === "tcg") return Effect.succeed(wanted)
-  return Effect.map(kvmUsable(arch), (usable): Accel => (usable ? "kvm" : "tcg"))
-}
+const sessionAccel = (arch: GuestArch): Effect.Effect<Accel, ConfigInvalid> =>
+  Effect.flatMap(readEnv(qemuAccel), (wanted) =>
+    wanted === "kvm" || wanted === "tcg"
+      ? Effect.succeed(wanted)
+      : Effect.map(kvmUsable(arch), (usable): Accel => (usable ? "kvm" : "tcg"))
+  )
 
 /** the first boot's bound: a TCG boot plus one `node --build-snapshot` of the agent */
 const SNAPSHOT_BOOT_TIMEOUT = Duration.minutes(5)
@@ -100,11 +102,17 @@ const buildAgentSnapshot = (staging: string, arch: GuestArch) =>
   Effect.gen(function* () {
     // raw node:fs: a short directory for the unix sockets (a staging path can exceed their limit)
     const sockets = yield* Effect.acquireRelease(
-      Effect.promise(() => fs.mkdtemp(path.join(os.tmpdir(), "abox-snap-"))),
-      (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
+      Effect.tryPromise({
+        try: () => fs.mkdtemp(path.join(os.tmpdir(), "abox-snap-")),
+        catch: (cause) => fail("first boot", `mkdtemp: ${reasonOf(cause)}`)
+      }),
+      (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined))
     )
     const configDisk = path.join(sockets, "config.raw")
-    yield* Effect.promise(() => fs.writeFile(configDisk, Buffer.alloc(4096)))
+    yield* Effect.tryPromise({
+      try: () => fs.writeFile(configDisk, Buffer.alloc(4096)),
+      catch: (cause) => fail("first boot", `${configDisk}: ${reasonOf(cause)}`)
+    })
     const rpcSocket = path.join(sockets, "rpc.sock")
     const argv = buildQemuArgv({
       arch,
@@ -169,7 +177,13 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
     try: () => fs.mkdir(staging, { recursive: true, mode: 0o700 }),
     catch: (cause) => fail("staging", `mkdir ${staging}: ${reasonOf(cause)}`)
   })
-  const removeStaging = Effect.promise(() => fs.rm(staging, { recursive: true, force: true }))
+  const removeStaging = Effect.tryPromise(() => fs.rm(staging, { recursive: true, force: true })).pipe(
+    Effect.catchAll((error) =>
+      Effect.sync(() =>
+        process.stderr.write(`image build: could not remove ${staging}: ${reasonOf(error.cause)}\n`)
+      )
+    )
+  )
 
   return yield* Effect.gen(function* () {
     const exit = yield* Command.make(
@@ -202,7 +216,10 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
         fail("recipe", `${infoFile}: ${ParseResult.TreeFormatter.formatErrorSync(error)}`)
       )
     )
-    yield* Effect.promise(() => fs.rm(infoFile, { force: true }))
+    yield* Effect.tryPromise({
+      try: () => fs.rm(infoFile, { force: true }),
+      catch: (cause) => fail("recipe", `${infoFile}: ${reasonOf(cause)}`)
+    })
     const agentStart: AgentStart =
       info.agentStart === "snapshot-entry" ? yield* buildAgentSnapshot(staging, info.arch) : "bundle"
     const agentDigest = yield* sha256File(agent).pipe(

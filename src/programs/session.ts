@@ -6,10 +6,14 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as Schema from "effect/Schema"
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
+import { stripTerminalControls } from "../lib/terminalText.js"
+import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig, type ModelSpec } from "../protocol/GuestConfig.js"
@@ -83,8 +87,11 @@ export interface BootOptions {
    * `$ABOX_HOME/broker.json` if it exists, else deny everything
    */
   readonly policy?: BrokerPolicy | undefined
-  /** told as each phase of Open/Resume begins (the CLI's step display) */
-  readonly onPhase?: ((phase: Phase) => Effect.Effect<void>) | undefined
+  /**
+   * told as each phase of Open/Resume begins (the CLI's step display; SDK users get the same
+   * phases): an Effect to run, or a plain callback (the Promise facade)
+   */
+  readonly onPhase?: ((phase: Phase) => Effect.Effect<void> | void) | undefined
   /** told as the snapshot moves into the session (the CLI's progress bar) */
   readonly onProgress?: ((progress: TransferProgress) => Effect.Effect<void>) | undefined
 }
@@ -99,7 +106,11 @@ export interface TransferProgress {
 
 export type Phase = "snapshot" | "clone" | "config" | "boot" | "transfer" | "ready"
 
-const phase = (options: BootOptions, name: Phase) => options.onPhase?.(name) ?? Effect.void
+const phase = (options: BootOptions, name: Phase): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    const told = options.onPhase?.(name)
+    return Effect.isEffect(told) ? told : Effect.void
+  })
 
 export interface OpenOptions extends BootOptions {
   readonly source: string
@@ -120,6 +131,37 @@ export const DEFAULT_HELLO_TIMEOUT = Duration.minutes(3)
 export const DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(10)
 
 export const GUEST_REPO = "/work/repo"
+
+/** a boot option outside what a VM can run with (checked before anything is made) */
+export class InvalidOption extends Schema.TaggedError<InvalidOption>()("InvalidOption", {
+  option: Schema.String,
+  message: Schema.String
+}) {}
+
+export const MIN_MEMORY_MIB = 256
+export const MAX_CPUS = 64
+
+/** --cpus and --memory in range: the guest kernel does not boot below 256 MiB, nor past the host's memory */
+const checkResources = (options: BootOptions) =>
+  Effect.gen(function* () {
+    const { cpus, memoryMiB } = options
+    if (cpus !== undefined && !(Number.isInteger(cpus) && cpus >= 1 && cpus <= MAX_CPUS)) {
+      return yield* new InvalidOption({
+        option: "cpus",
+        message: `--cpus ${cpus}: a VM gets 1 to ${MAX_CPUS} CPUs`
+      })
+    }
+    const hostMiB = Math.floor(os.totalmem() / 1024 / 1024)
+    if (
+      memoryMiB !== undefined &&
+      !(Number.isInteger(memoryMiB) && memoryMiB >= MIN_MEMORY_MIB && memoryMiB <= hostMiB)
+    ) {
+      return yield* new InvalidOption({
+        option: "memory",
+        message: `--memory ${memoryMiB}: a VM gets ${MIN_MEMORY_MIB} to ${hostMiB} MiB (this host's memory)`
+      })
+    }
+  })
 
 export const sessionFiles = (dir: string) => ({
   rootDisk: path.join(dir, "root.raw"),
@@ -295,12 +337,22 @@ const boot = Effect.fn("session.boot")(function* (
   yield* Ref.set(vmRef, Option.some(vm))
 
   // A VM that dies before its hello is reported at once, not after the hello timeout.
+  // The console's last lines go into the message: a failed Open removes the session directory
+  // and its console.log with it.
   const died = vm.exited.pipe(
     Effect.flatMap((exit) =>
-      Effect.fail(
-        new GuestDisconnected({
-          message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); see ${files.consoleLog}`
-        })
+      Effect.flatMap(
+        Effect.sync(() =>
+          consoleTail(files.consoleLog, 5).map((line) => stripTerminalControls(line).slice(0, 200))
+        ),
+        (tail) =>
+          Effect.fail(
+            new GuestDisconnected({
+              message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal})${
+                tail.length > 0 ? `; its console ended: ${tail.join(" | ")}` : `; see ${files.consoleLog}`
+              }`
+            })
+          )
       )
     )
   )
@@ -373,6 +425,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
   const images = yield* Images
   const vmm = yield* VmmBackend
 
+  yield* checkResources(options)
   yield* phase(options, "snapshot")
   // resolved once (a source path that is a symlink names its target) and scanned: an unreadable
   // entry is a SourceInvalid naming it, before anything is made
@@ -465,6 +518,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
   const images = yield* Images
   const vmm = yield* VmmBackend
 
+  yield* checkResources(options)
   const id = yield* store.resolve(ref)
   return yield* transactional(
     Effect.gen(function* () {
@@ -482,6 +536,15 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       const meta = yield* store.update(id, (current) => ({
         ...current,
         model: options.model ?? current.model,
+        // resources given to this resume are the session's from now on (as the model is)
+        ...(options.cpus !== undefined || options.memoryMiB !== undefined
+          ? {
+              resources: {
+                cpus: options.cpus ?? current.resources?.cpus ?? DEFAULT_CPUS,
+                memoryMiB: options.memoryMiB ?? current.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB
+              }
+            }
+          : {}),
         policy,
         guest: compat.guest,
         vmm: compat.vmm,

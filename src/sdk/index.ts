@@ -11,6 +11,7 @@
  * docs/exit-codes.md. The SDK never writes transcript.json (the CLI's interactive mode does).
  */
 import * as Cause from "effect/Cause"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import type * as Layer from "effect/Layer"
@@ -22,6 +23,8 @@ import * as path from "node:path"
 import { AboxLive } from "../layers/Main.js"
 import * as Repo from "../programs/repo.js"
 import * as Detached from "../programs/detached.js"
+import { idleTimeout, type IdleTracker } from "../programs/idle.js"
+import * as Remove from "../programs/remove.js"
 import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
 import type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
@@ -75,7 +78,9 @@ export {
 export { VmmError, VmmUnavailable } from "../services/VmmBackend.js"
 export { ImageNotFound, DiskError } from "../services/Images.js"
 export { SessionIncompatible } from "../programs/compat.js"
+export { InvalidOption } from "../programs/session.js"
 export { SourceInvalid } from "../lib/snapshot.js"
+export { ConfigInvalid } from "../lib/env.js"
 export {
   ArchiveRefused,
   SourceChanged,
@@ -311,9 +316,12 @@ export const resume = (ref: string, options: Programs.BootOptions = {}): Promise
 export const list = (): Promise<ReadonlyArray<SessionListing>> =>
   run(Effect.flatMap(SessionStore, (store) => store.list()))
 
-/** remove a session's directory (explicit only: abox never deletes a session by itself) */
-export const remove = (ref: string): Promise<void> =>
-  run(Effect.flatMap(SessionStore, (store) => Effect.flatMap(store.resolve(ref), (id) => store.remove(id))))
+/**
+ * Remove a session (its directory and names) or a dangling name, as `abox rm --yes` does
+ * (explicit only: abox never deletes a session by itself). A running session is refused with
+ * `SessionBusy` and nothing is deleted.
+ */
+export const remove = (ref: string): Promise<void> => run(Effect.asVoid(Remove.remove([ref])))
 
 // ---- detached sessions: served by a supervisor process (docs/detached.md) ----
 
@@ -419,7 +427,7 @@ export class SessionManager {
   async start(name: string, options: StartOptions): Promise<SessionHandle> {
     if (options.detached === true) return this.#startDetached(name, options)
     const { timeout, detached: _detached, ...openOptions } = options
-    return this.#track(name, await open({ ...openOptions, name }), timeout)
+    return await this.#track(name, await open({ ...openOptions, name }), timeout)
   }
 
   async connect(
@@ -435,7 +443,7 @@ export class SessionManager {
     const remote = await attachTo(name)
     if (remote !== undefined) return remote
     const { timeout, ...bootOptions } = options
-    return this.#track(name, await resume(name, bootOptions), timeout)
+    return await this.#track(name, await resume(name, bootOptions), timeout)
   }
 
   async #startDetached(name: string, options: StartOptions): Promise<SessionHandle> {
@@ -489,17 +497,30 @@ export class SessionManager {
     await Promise.all([...this.#open.keys()].map((name) => this.stop(name)))
   }
 
-  #track(name: string, handle: SessionHandle, timeout: number | undefined): SessionHandle {
-    let timer: NodeJS.Timeout | undefined
-    let busy = 0
-    const arm = () => {
-      if (timer !== undefined) clearTimeout(timer)
-      if (timeout !== undefined && busy === 0) {
-        timer = setTimeout(() => void this.stop(name).catch(() => undefined), timeout * 1000)
-        timer.unref()
-      }
+  async #track(name: string, handle: SessionHandle, timeout: number | undefined): Promise<SessionHandle> {
+    // the idle timeout is the Effect program's (Clock-driven); the facade only reports activity
+    const idle =
+      timeout === undefined
+        ? undefined
+        : await run(
+            Effect.gen(function* () {
+              const scope = yield* Scope.make()
+              const tracker = yield* idleTimeout(
+                Duration.seconds(timeout),
+                // fire and forget: the close must not wait on the timer fiber it ends
+                Effect.sync(() => void closeQuietly())
+              ).pipe(Scope.extend(scope))
+              return { scope, tracker }
+            })
+          )
+    const activity = (effect: (tracker: IdleTracker) => Effect.Effect<void>) =>
+      idle === undefined ? Promise.resolve() : run(effect(idle.tracker))
+    const stopTimer = () => (idle === undefined ? Promise.resolve() : run(Scope.close(idle.scope, Exit.void)))
+    const close = async () => {
+      await stopTimer()
+      await handle.close()
     }
-    const close = handle.close
+    const closeQuietly = () => this.stop(name).catch(() => undefined)
     const tracked: SessionHandle = {
       ...handle,
       get closed() {
@@ -509,21 +530,29 @@ export class SessionManager {
         const events = handle.turn(text, options)
         return {
           [Symbol.asyncIterator]: () => {
-            busy++
-            arm()
+            const begun = activity((t) => t.begin)
             const it = events[Symbol.asyncIterator]()
-            const done = () => {
-              busy--
-              arm()
+            // once per turn, however it ends (done, left early, or a rejected next())
+            let ended = false
+            const done = async () => {
+              if (ended) return
+              ended = true
+              await begun
+              await activity((t) => t.end)
             }
             return {
               next: async () => {
-                const r = await it.next()
-                if (r.done === true) done()
-                return r
+                try {
+                  const r = await it.next()
+                  if (r.done === true) await done()
+                  return r
+                } catch (error) {
+                  await done()
+                  throw error
+                }
               },
               return: async (value?: unknown) => {
-                done()
+                await done()
                 return it.return ? it.return(value) : { done: true, value: undefined }
               }
             }
@@ -531,26 +560,17 @@ export class SessionManager {
         }
       },
       run: async (text, options) => {
-        busy++
-        arm()
+        await activity((t) => t.begin)
         try {
           return await handle.run(text, options)
         } finally {
-          busy--
-          arm()
+          await activity((t) => t.end)
         }
       },
-      close: async () => {
-        if (timer !== undefined) clearTimeout(timer)
-        await close()
-      },
-      [Symbol.asyncDispose]: async () => {
-        if (timer !== undefined) clearTimeout(timer)
-        await close()
-      }
+      close,
+      [Symbol.asyncDispose]: close
     }
-    this.#open.set(name, { handle: tracked, touch: arm })
-    arm()
+    this.#open.set(name, { handle: tracked, touch: () => void activity((t) => t.touch) })
     return tracked
   }
 }

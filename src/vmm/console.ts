@@ -3,7 +3,8 @@
 import * as fs from "node:fs"
 
 /**
- * console.log with a bound: bytes are appended as they come; when the file would pass
+ * console.log with a bound, kept across boots (a new boot appends after a marker line): bytes are
+ * appended as they come; when the file would pass
  * `maxBytes`, it is rewritten to hold only the most recent `maxBytes / 2` bytes (kept in
  * memory), so the tail — what a failed boot needs — always survives, and the file never
  * exceeds `maxBytes`. Amortised cost: one rewrite per `maxBytes / 2` bytes of output.
@@ -19,8 +20,18 @@ export class BoundedConsole {
     readonly maxBytes: number
   ) {
     this.keep = Math.max(1, Math.floor(maxBytes / 2))
-    this.fd = fs.openSync(file, "w", 0o600)
+    // earlier boots stay (within the bound), each boot after the first behind a marker line
+    this.fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600)
     fs.fchmodSync(this.fd, 0o600)
+    const existing = fs.fstatSync(this.fd).size
+    if (existing > 0) {
+      const length = Math.min(existing, this.keep)
+      const tail = Buffer.alloc(length)
+      fs.readSync(this.fd, tail, 0, length, existing - length)
+      this.tail = tail
+      this.size = existing
+      this.write(Buffer.from(`\n--- abox: boot at ${new Date().toISOString()} ---\n`))
+    }
   }
 
   write(chunk: Buffer): void {

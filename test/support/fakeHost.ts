@@ -44,7 +44,7 @@ export const acceptHost = (server: net.Server): Promise<HostConnection> =>
         for (const wake of waiters.splice(0)) wake()
       })
       const closed = new Promise<void>((done) => mux.onClose(() => done()))
-      closed.then(() => {
+      void closed.then(() => {
         for (const wake of waiters.splice(0)) wake()
       })
       let isClosed = false

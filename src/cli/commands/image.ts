@@ -8,7 +8,7 @@ import * as Option from "effect/Option"
 import { hostArch } from "../../lib/arch.js"
 import type { RegisteredImage } from "../../lib/images.js"
 import { buildImage, imageList, imageRemove } from "../../programs/image.js"
-import { edge, printJson } from "../render.js"
+import { edge, notAnOption, printJson } from "../render.js"
 
 const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
 
@@ -59,7 +59,9 @@ const build = Command.make(
       }).pipe(Effect.provide(NodeCommandExecutor.layer))
     )
 ).pipe(
-  Command.withDescription("build a golden image from Debian packages and the npm registry, and register it")
+  Command.withDescription(
+    "build a golden image from Debian packages and the npm registry, and register it. Example: abox image build --variant full"
+  )
 )
 
 const list = Command.make("list", { json }, (args) =>
@@ -76,12 +78,12 @@ const list = Command.make("list", { json }, (args) =>
       for (const problem of problems) yield* Console.error(`abox: skipped ${problem}`)
     })
   )
-).pipe(Command.withDescription("list registered golden images"))
+).pipe(Command.withDescription("list registered golden images. Example: abox image list --json"))
 
 const rm = Command.make(
   "rm",
   {
-    ref: Args.text({ name: "name@digest" }).pipe(
+    ref: notAnOption(Args.text({ name: "name@digest" })).pipe(
       Args.withDescription("the image (a digest prefix of 8+ works)")
     ),
     force: Options.boolean("force").pipe(Options.withDescription("remove even the default image")),
@@ -98,7 +100,7 @@ const rm = Command.make(
           )
       })
     )
-).pipe(Command.withDescription("remove a golden image (never a session)"))
+).pipe(Command.withDescription("remove a golden image (never a session). Example: abox image rm abox@3f2a…"))
 
 export const image = Command.make("image").pipe(
   Command.withDescription("golden images: build, list, rm"),

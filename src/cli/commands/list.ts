@@ -3,9 +3,11 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import { formatBytes } from "../../lib/diskUsage.js"
 import { statusIfRunning } from "../../programs/detached.js"
+import { listSessions, type ListedSession } from "../../programs/list.js"
 import type { StatusReply } from "../../protocol/Control.js"
-import { SessionStore, type NameBinding, type SessionListing } from "../../services/SessionStore.js"
+import type { NameBinding } from "../../services/SessionStore.js"
 import { edge, errorJson, printJson } from "../render.js"
 
 export const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
@@ -16,17 +18,51 @@ export const namesBySession = (names: ReadonlyArray<NameBinding>): Map<string, A
   return by
 }
 
-const rowJson = (row: SessionListing, names: ReadonlyArray<string>) =>
-  row._tag === "Ok"
-    ? { id: row.id, status: "ok", legacy: row.legacy, dir: row.dir, names, meta: row.meta }
-    : { id: row.id, status: "corrupt", legacy: row.legacy, dir: row.dir, names, ...errorJson(row.error) }
-
-const rowText = (row: SessionListing, names: ReadonlyArray<string>): string => {
-  const tags = [row.legacy ? "legacy" : "", names.length > 0 ? names.join(",") : ""].filter((s) => s !== "")
-  const suffix = tags.length > 0 ? `  [${tags.join("; ")}]` : ""
+const rowJson = (row: ListedSession) => {
+  const common = {
+    id: row.id,
+    legacy: row.legacy,
+    dir: row.dir,
+    names: row.names,
+    running: row.status === "running",
+    bytes: row.bytes
+  }
   return row._tag === "Ok"
-    ? `${row.id}  ${row.meta.created}  ${row.meta.model}  ${row.meta.source}${suffix}`
-    : `${row.id}  CORRUPT: ${row.error.message}${suffix}`
+    ? { ...common, status: "ok", meta: row.meta }
+    : { ...common, status: "corrupt", ...errorJson(row.error) }
+}
+
+const HEADER = ["ID", "STATUS", "SIZE", "LAST CLOSE", "CREATED", "MODEL", "SOURCE"]
+
+const rowCells = (row: ListedSession): ReadonlyArray<string> => {
+  const tags = [row.legacy ? "legacy" : "", row.names.join(",")].filter((s) => s !== "")
+  const suffix = tags.length > 0 ? `  [${tags.join("; ")}]` : ""
+  const status = row.status === "running" ? "RUNNING" : "STOPPED"
+  if (row._tag !== "Ok")
+    return [row.id, status, formatBytes(row.bytes), `CORRUPT: ${row.error.message}${suffix}`]
+  const last = row.status === "running" ? "-" : (row.meta.lastClose?.how ?? "never")
+  return [
+    row.id,
+    status,
+    formatBytes(row.bytes),
+    last,
+    row.meta.created,
+    row.meta.model,
+    `${row.meta.source}${suffix}`
+  ]
+}
+
+/** columns padded to their widest cell; the last column as it is */
+const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const widths: Array<number> = []
+  for (const row of rows) {
+    row.forEach((cell, i) => {
+      if (i < row.length - 1) widths[i] = Math.max(widths[i] ?? 0, cell.length)
+    })
+  }
+  return rows
+    .map((row) => row.map((cell, i) => (i < row.length - 1 ? cell.padEnd(widths[i] ?? 0) : cell)).join("  "))
+    .join("\n")
 }
 
 /** a detached session's supervisor as `list` shows it (null: nobody serves the session) */
@@ -51,14 +87,14 @@ const supervisorText = (s: ReturnType<typeof supervisorJson>) =>
 export const list = Command.make("list", { json }, (args) =>
   edge({ json: args.json })(
     Effect.gen(function* () {
-      const store = yield* SessionStore
-      const [rows, names] = yield* Effect.all([store.list(), store.listNames()], { concurrency: 2 })
-      const by = namesBySession(names)
+      const rows = yield* listSessions()
       // detached sessions: ask each session's control socket (no socket: not running, at once)
       const supervisors = yield* Effect.forEach(
         rows,
         (row) =>
-          row._tag === "Ok" && !row.legacy ? statusIfRunning(row.id) : Effect.succeed(Option.none<StatusReply>()),
+          row._tag === "Ok" && !row.legacy
+            ? statusIfRunning(row.id)
+            : Effect.succeed(Option.none<StatusReply>()),
         { concurrency: 8 }
       )
       const now = Date.now()
@@ -66,20 +102,24 @@ export const list = Command.make("list", { json }, (args) =>
         Option.getOrNull(Option.map(supervisors[i] ?? Option.none(), (s) => supervisorJson(s, now)))
       if (args.json) {
         yield* printJson({
-          sessions: rows.map((row, i) => ({ ...rowJson(row, by.get(row.id) ?? []), supervisor: supervisorOf(i) }))
+          sessions: rows.map((row, i) => ({ ...rowJson(row), supervisor: supervisorOf(i) }))
         })
       } else if (rows.length === 0) {
         yield* Console.log("no sessions")
       } else {
-        yield* Console.log(
-          rows
-            .map((row, i) => {
-              const supervisor = supervisorOf(i)
-              return rowText(row, by.get(row.id) ?? []) + (supervisor !== null ? supervisorText(supervisor) : "")
-            })
-            .join("\n")
-        )
+        const cells = rows.map((row, i) => {
+          const supervisor = supervisorOf(i)
+          const row_ = rowCells(row)
+          return supervisor === null
+            ? row_
+            : [...row_.slice(0, -1), row_.at(-1)! + supervisorText(supervisor)]
+        })
+        yield* Console.log(table([HEADER, ...cells]))
       }
     })
   )
-).pipe(Command.withDescription("list sessions (current and legacy home); corrupt ones with the reason"))
+).pipe(
+  Command.withDescription(
+    "list sessions with status (RUNNING/STOPPED), disk usage and last close; corrupt ones with the reason. Example: abox list --json"
+  )
+)

@@ -6,14 +6,43 @@ import * as Stream from "effect/Stream"
 // Raw node:fs: following a growing file needs fs.watch (an event) and positional reads.
 import * as fs from "node:fs"
 import * as path from "node:path"
+import { StringDecoder } from "node:string_decoder"
 import { BROKER_LOG_FILE, streamBrokerLog } from "../../lib/broker/log.js"
+import { stripTerminalControls, terminalTextStripper } from "../../lib/terminalText.js"
 import { doctor } from "../../programs/doctor.js"
+import { sessionStatus } from "../../programs/list.js"
 import { gc } from "../../programs/gc.js"
 import { sessionFiles } from "../../programs/session.js"
 import { SessionStore, StoreIoError } from "../../services/SessionStore.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
+
+/** done when the session stops: session.json is rewritten at Close, then the lock is free */
+const untilStopped = (dir: string, id: string) =>
+  Effect.gen(function* () {
+    for (;;) {
+      const changed = yield* Effect.acquireRelease(
+        Effect.sync(() => {
+          let wake = () => {}
+          const happened = new Promise<void>((resolve) => (wake = resolve))
+          const watcher = fs.watch(dir, (_event, name) => {
+            if (name === "session.json" || name === "lock") wake()
+          })
+          return { watcher, happened }
+        }),
+        ({ watcher }) => Effect.sync(() => watcher.close())
+      )
+      if ((yield* sessionStatus(id)) === "stopped") return
+      yield* Effect.promise(() => changed.happened)
+      // the lock is released just after the close is recorded, and a release makes no file event:
+      // look again a few times, briefly
+      for (let i = 0; i < 20; i++) {
+        if ((yield* sessionStatus(id)) === "stopped") return
+        yield* Effect.sleep("100 millis")
+      }
+    }
+  }).pipe(Effect.scoped)
 
 /** the bytes of `file` from `offset` on, then every append as it happens (fs.watch, no polling loop) */
 const follow = (file: string) =>
@@ -61,6 +90,9 @@ export const logs = Command.make(
       Options.withAlias("f"),
       Options.withDescription("keep printing as the log grows")
     ),
+    raw: Options.boolean("raw").pipe(
+      Options.withDescription("the console as the guest wrote it, terminal control sequences included")
+    ),
     broker: Options.boolean("broker").pipe(
       Options.withDescription("the HTTPS broker's decisions instead of the guest console")
     )
@@ -87,13 +119,41 @@ export const logs = Command.make(
         if (!args.follow) {
           if (!fs.existsSync(file))
             return yield* Console.error(`abox: ${id} has no console log yet (never booted)`)
-          yield* Effect.sync(() => process.stdout.write(fs.readFileSync(file)))
+          const bytes = yield* Effect.try({
+            try: () => fs.readFileSync(file),
+            catch: (cause) =>
+              new StoreIoError({
+                path: file,
+                operation: "read",
+                message: `cannot read ${file}: ${String(cause)}`
+              })
+          })
+          yield* Effect.sync(() =>
+            process.stdout.write(args.raw ? bytes : stripTerminalControls(bytes.toString("utf8")))
+          )
           return
         }
-        yield* follow(file).pipe(Stream.runForEach((chunk) => Effect.sync(() => process.stdout.write(chunk))))
+        const decoder = new StringDecoder("utf8")
+        const stripper = terminalTextStripper()
+        const write = (chunk: Uint8Array) =>
+          Effect.sync(() =>
+            process.stdout.write(args.raw ? chunk : stripper.push(decoder.write(Buffer.from(chunk))))
+          )
+        if ((yield* sessionStatus(id)) === "stopped") {
+          // nothing more will be written: print what is there and end
+          yield* follow(file).pipe(Stream.take(1), Stream.runForEach(write))
+          return yield* Console.error(
+            `abox: ${id} is not running: nothing more will come (logs -f follows a running session)`
+          )
+        }
+        yield* follow(file).pipe(Stream.runForEach(write), Effect.raceFirst(untilStopped(dir, id)))
       })
     )
-).pipe(Command.withDescription("print a session's guest console (console.log), or its broker log"))
+).pipe(
+  Command.withDescription(
+    "print a session's guest console (console.log), or its broker log. Example: abox logs proj -f"
+  )
+)
 
 export const gcCommand = Command.make(
   "gc",
@@ -119,7 +179,7 @@ export const gcCommand = Command.make(
     )
 ).pipe(
   Command.withDescription(
-    "clean what a crash left: stale sockets, temp files, names of missing sessions, VMs whose session is gone (never a session)"
+    "clean what a crash left: stale sockets, temp files, names of missing sessions, VMs whose session is gone (never a session). Example: abox gc --dry-run"
   )
 )
 
@@ -136,5 +196,7 @@ export const doctorCommand = Command.make("doctor", { json }, (args) =>
     })
   )
 ).pipe(
-  Command.withDescription("check this host: VMM and accelerator, default image, free space, secret scrubber")
+  Command.withDescription(
+    "check this host: VMM and accelerator, default image, broker policy, free space, secret scrubber. Example: abox doctor"
+  )
 )

@@ -3,16 +3,16 @@ import * as Command from "@effect/cli/Command"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import { SessionStore } from "../../services/SessionStore.js"
-import { edge, printJson } from "../render.js"
+import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
 
 export const name = Command.make(
   "name",
   {
-    ref: Args.text({ name: "id" }).pipe(
+    ref: notAnOption(Args.text({ name: "id" })).pipe(
       Args.withDescription("the session (an id, or a name it already has)")
     ),
-    name: Args.text({ name: "name" }).pipe(
+    name: notAnOption(Args.text({ name: "name" })).pipe(
       Args.withDescription("the new name; characters outside [A-Za-z0-9_-] become _ in its file name")
     ),
     json
@@ -27,4 +27,8 @@ export const name = Command.make(
         else yield* Console.log(`${binding.name} → ${binding.sessionId}`)
       })
     )
-).pipe(Command.withDescription("give a session a name (seed 001: one names/<name>.json per name)"))
+).pipe(
+  Command.withDescription(
+    "give a session a name, usable wherever an id is (a name cannot look like a session id). Example: abox name 01jq… api-work"
+  )
+)

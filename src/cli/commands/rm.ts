@@ -1,18 +1,18 @@
+import * as Args from "@effect/cli/Args"
 import * as Command from "@effect/cli/Command"
 import * as Options from "@effect/cli/Options"
 import * as Prompt from "@effect/cli/Prompt"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
-import * as Option from "effect/Option"
-import { SessionStore } from "../../services/SessionStore.js"
-import { Cancelled, ConfirmationRequired, edge, printJson } from "../render.js"
+import { formatBytes } from "../../lib/diskUsage.js"
+import { remove, type Removal } from "../../programs/remove.js"
+import { Cancelled, ConfirmationRequired, edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
-import { sessionRef } from "./show.js"
 
-const yes = Options.boolean("yes").pipe(Options.withAlias("y"), Options.withDescription("do not ask"))
+export const yes = Options.boolean("yes").pipe(Options.withAlias("y"), Options.withDescription("do not ask"))
 
 /** ask on a terminal; without one, refuse unless --yes */
-const confirm = (question: string, assumeYes: boolean) =>
+export const confirm = (question: string, assumeYes: boolean) =>
   Effect.gen(function* () {
     if (assumeYes) return
     // the one place the CLI needs to know whether a human is there to answer
@@ -27,38 +27,62 @@ const confirm = (question: string, assumeYes: boolean) =>
     if (!answer) return yield* new Cancelled({ message: "nothing was removed" })
   })
 
-export const rm = Command.make("rm", { ref: sessionRef, yes, json }, (args) =>
-  edge({ json: args.json })(
-    Effect.gen(function* () {
-      const store = yield* SessionStore
-      const found = yield* store.resolve(args.ref).pipe(Effect.either)
-      if (found._tag === "Left") {
-        // a dangling name (its session is gone) can still be removed
-        const error = found.left
-        const binding = yield* store.lookupName(args.ref).pipe(Effect.option)
-        if (error._tag !== "SessionNotFound" || Option.isNone(binding)) return yield* error
-        yield* confirm(
-          `Remove the name "${args.ref}" (its session ${binding.value.sessionId} is gone)?`,
-          args.yes
-        )
-        yield* store.unbindName(args.ref)
-        if (args.json) return yield* printJson({ removed: { name: args.ref, sessionId: null } })
-        return yield* Console.log(`removed name ${args.ref}`)
-      }
-      const id = found.right
-      const meta = yield* store.get(id).pipe(Effect.option)
-      const what = Option.match(meta, {
-        onNone: () => `session ${id}`,
-        onSome: (m) => `session ${id} (source ${m.source}, created ${m.created})`
+/** one line per removal: what is lost with it */
+export const describeRemoval = (removal: Removal): string => {
+  if (removal._tag === "Name") return `the name ${removal.name} (its session ${removal.sessionId} is gone)`
+  const names = removal.names.length > 0 ? ` [${removal.names.join(", ")}]` : ""
+  const meta = removal.meta
+  const origin =
+    meta === undefined
+      ? "session.json unreadable"
+      : `source ${meta.source}, created ${meta.created}${meta.lastClose ? `, last closed ${meta.lastClose.at}` : ""}`
+  return `session ${removal.id}${names} (${origin}): ${formatBytes(removal.bytes)} — its guest disk with every change made in it, the repository copy, its logs`
+}
+
+/** the y/N prompt of rm and prune: everything that will be lost, then the question */
+export const confirmRemovals = (removals: ReadonlyArray<Removal>, assumeYes: boolean) =>
+  Effect.gen(function* () {
+    if (assumeYes || removals.length === 0) return
+    if (process.stdin.isTTY === true) {
+      yield* Console.error(`This deletes:\n${removals.map((r) => `  ${describeRemoval(r)}`).join("\n")}`)
+    }
+    yield* confirm(
+      removals.length === 1
+        ? "Delete it? This cannot be undone."
+        : `Delete these ${removals.length}? This cannot be undone.`,
+      assumeYes
+    )
+  })
+
+export const removalJson = (removal: Removal) =>
+  removal._tag === "Name"
+    ? { name: removal.name, sessionId: null }
+    : { sessionId: removal.id, names: removal.names, bytes: removal.bytes }
+
+export const rm = Command.make(
+  "rm",
+  {
+    refs: notAnOption(Args.text({ name: "id|name" })).pipe(
+      Args.withDescription(
+        "session ids or names (all or nothing: a running session stops the whole removal)"
+      ),
+      Args.atLeast(1)
+    ),
+    yes,
+    json
+  },
+  (args) =>
+    edge({ json: args.json })(
+      Effect.gen(function* () {
+        const removed = yield* remove(args.refs, (removals) => confirmRemovals(removals, args.yes))
+        if (args.json) return yield* printJson({ removed: removed.map(removalJson) })
+        for (const r of removed) {
+          yield* Console.log(r._tag === "Name" ? `removed name ${r.name}` : `removed ${r.id}`)
+        }
       })
-      yield* confirm(`Delete ${what} and its disk? This cannot be undone.`, args.yes)
-      yield* store.remove(id)
-      if (args.json) yield* printJson({ removed: { sessionId: id } })
-      else yield* Console.log(`removed ${id}`)
-    })
-  )
+    )
 ).pipe(
   Command.withDescription(
-    "delete a session directory and its names (asks first; --yes when not on a terminal)"
+    "delete sessions (their directories and names) or dangling names; asks first (--yes when not on a terminal); refuses a running session. Example: abox rm proj 01jq…"
   )
 )

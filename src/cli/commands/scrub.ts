@@ -37,6 +37,6 @@ export const scrub = Command.make("scrub", { dryRun, json }, (args) =>
   )
 ).pipe(
   Command.withDescription(
-    "remove leftover plaintext secrets from config.raw and guest-config.json (runs on every start)"
+    "remove leftover plaintext secrets from config.raw and guest-config.json (runs on every start). Example: abox scrub --dry-run --json"
   )
 )

@@ -4,21 +4,24 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as Schema from "effect/Schema"
+import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
 import {
   open,
   resume,
   type BootOptions,
+  type OpenOptions,
   type Phase,
   type Session,
   type TurnMode
 } from "../../programs/session.js"
 import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
-import { CliExit, edge } from "../render.js"
+import { remove } from "../../programs/remove.js"
+import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
 import { progressBar } from "../progress.js"
+import { holdingSession } from "../runMain.js"
 import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
@@ -48,13 +51,14 @@ const agent = Options.text("agent").pipe(
     "agent command argv (repeat per word), or a preset: claude, codex; default: each turn runs as a shell command"
   )
 )
-const policy = Options.file("policy", { exists: "yes" }).pipe(
+// existence is checked by the program (BrokerPolicyError, SourceInvalid), not the parser
+const policy = Options.file("policy").pipe(
   Options.optional,
   Options.withDescription(
     "HTTPS broker policy file (docs/broker.md); default: the session's, else $ABOX_HOME/broker.json, else deny all"
   )
 )
-const source = Args.directory({ name: "dir", exists: "yes" }).pipe(
+const source = notAnOption(Args.directory({ name: "dir" })).pipe(
   Args.withDescription("the repository to copy into the session")
 )
 const turnWords = Args.text({ name: "turn" }).pipe(Args.repeated, Args.withDescription("the turn, after --"))
@@ -64,28 +68,24 @@ const prompt = Options.text("prompt").pipe(
   Options.withDescription("one turn for the model agent (instead of a shell command after --)")
 )
 
-/** a usage error found in a handler (not by the parser): rendered and exits 64 like the parser's */
-class TurnUsageError extends Schema.TaggedError<TurnUsageError>()("ValidationError", {
-  message: Schema.String
-}) {}
-
 /** `--prompt` or the words after `--`, never both */
 const turnOf = (args: { readonly prompt: Option.Option<string>; readonly turn: ReadonlyArray<string> }) =>
   Option.isSome(args.prompt)
     ? args.turn.length > 0
-      ? Effect.fail(
-          new TurnUsageError({ message: "give either --prompt or a shell command after --, not both" })
-        )
+      ? Effect.fail(new UsageError({ message: "give either --prompt or a shell command after --, not both" }))
       : Effect.succeed({ text: args.prompt.value, mode: "prompt" as const })
     : Effect.succeed({ text: args.turn.join(" "), mode: "shell" as const })
 
-export const bootOptions = (args: {
+interface BootArgs {
   readonly model: Option.Option<string>
   readonly cpus: Option.Option<number>
   readonly memory: Option.Option<number>
   readonly agent: ReadonlyArray<string>
   readonly policy: Option.Option<string>
-}) =>
+}
+
+/** the flags open, run and resume share, applied in this one place */
+export const bootOptions = (args: BootArgs, onPhase?: BootOptions["onPhase"]) =>
   Effect.gen(function* () {
     const broker = yield* HttpsBroker
     const policy = Option.isSome(args.policy) ? yield* broker.loadPolicy(args.policy.value) : undefined
@@ -96,26 +96,67 @@ export const bootOptions = (args: {
       cpus: Option.getOrUndefined(args.cpus),
       memoryMiB: Option.getOrUndefined(args.memory),
       agent: preset !== undefined ? preset.argv : args.agent.length > 0 ? args.agent : undefined,
-      policy
+      policy,
+      onPhase
     } satisfies BootOptions
   })
 
-/** The step display: each phase of Open/Resume with the time it took, on stderr. */
-const stepDisplay = (enabled: boolean) => {
-  let current: { readonly phase: Phase; readonly started: number } | undefined
-  const finish = () => {
-    if (current !== undefined && enabled) {
-      process.stderr.write(
-        `  ${current.phase.padEnd(9)} ${((Date.now() - current.started) / 1000).toFixed(2)}s\n`
-      )
+/** Open from the flags `run` and `open` share */
+const openFromArgs = (
+  args: BootArgs & {
+    readonly source: string
+    readonly name: Option.Option<string>
+    readonly image: Option.Option<string>
+  },
+  onPhase: BootOptions["onPhase"],
+  onProgress: BootOptions["onProgress"]
+) =>
+  Effect.gen(function* () {
+    const options: OpenOptions = {
+      ...(yield* bootOptions(args, onPhase)),
+      onProgress,
+      source: args.source,
+      name: Option.getOrUndefined(args.name),
+      image: Option.getOrUndefined(args.image)
     }
-  }
-  return (next: Phase) =>
-    Effect.sync(() => {
-      finish()
-      current = next === "ready" ? undefined : { phase: next, started: Date.now() }
-    })
-}
+    return yield* open(options)
+  })
+
+/**
+ * The step display, on stderr: each phase of Open/Resume as it runs. On a terminal the running
+ * phase shows its elapsed time live (rewritten in place), then the time it took; otherwise one
+ * plain line as each phase begins and one as it ends. Scoped: a phase cut short by a failure
+ * still ends its line.
+ */
+const stepDisplay = (enabled: boolean, live: boolean = process.stderr.isTTY === true) =>
+  Effect.gen(function* () {
+    let current: { readonly phase: Phase; readonly started: number } | undefined
+    let ticker: NodeJS.Timeout | undefined
+    const line = (c: { readonly phase: Phase; readonly started: number }) =>
+      `  ${c.phase.padEnd(9)} ${((Date.now() - c.started) / 1000).toFixed(2)}s`
+    const finish = (ok: boolean) => {
+      if (ticker !== undefined) clearInterval(ticker)
+      ticker = undefined
+      if (current !== undefined && enabled) {
+        process.stderr.write(live ? `\r${line(current)}${ok ? "" : " (failed)"}\n` : `${line(current)}\n`)
+      }
+      current = undefined
+    }
+    yield* Effect.addFinalizer(() => Effect.sync(() => finish(false)))
+    return (next: Phase) =>
+      Effect.sync(() => {
+        finish(true)
+        if (next === "ready") return
+        const started = { phase: next, started: Date.now() }
+        current = started
+        if (!enabled) return
+        if (live) {
+          process.stderr.write(line(started))
+          ticker = setInterval(() => process.stderr.write(`\r${line(started)}`), 250)
+          ticker.unref()
+        } else process.stderr.write(`  ${next} …\n`)
+      })
+  })
 
 const writeJsonLine = (value: unknown) =>
   Effect.sync(() => process.stdout.write(JSON.stringify(value) + "\n"))
@@ -156,8 +197,11 @@ export const run = Command.make(
     agent,
     policy,
     keep: Options.boolean("keep").pipe(
+      Options.withDescription("keep the session on disk afterwards (the default; the opposite of --rm)")
+    ),
+    rm: Options.boolean("rm").pipe(
       Options.withDescription(
-        "print how to resume the session afterwards (the session stays on disk either way)"
+        "remove the session after it closes (as abox rm would), whatever the turn's status"
       )
     ),
     json,
@@ -166,25 +210,51 @@ export const run = Command.make(
   },
   (args) =>
     edge({ json: args.json })(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const turn = yield* turnOf(args)
-          const session = yield* open({
-            ...(yield* bootOptions(args)),
-            source: args.source,
-            name: Option.getOrUndefined(args.name),
-            image: Option.getOrUndefined(args.image),
-            onPhase: stepDisplay(!args.json && process.stderr.isTTY === true),
-            onProgress: progressBar(!args.json && process.stderr.isTTY === true)
+      Effect.gen(function* () {
+        if (args.turn.length === 0 && Option.isNone(args.prompt)) {
+          return yield* new UsageError({
+            message:
+              "run needs a turn: abox run <dir> -- <command>, or --prompt '…' for the model agent (abox open <dir> gives a prompt)"
           })
-          yield* oneTurn(session, turn, args.json)
-          if (args.keep && !args.json) yield* Console.error(`abox: resume with: abox resume ${session.id}`)
-        })
-      )
+        }
+        const turn = yield* turnOf(args)
+        if (args.rm && args.keep)
+          return yield* new UsageError({ message: "--rm and --keep contradict each other" })
+        const opened = yield* Ref.make<Session | undefined>(undefined)
+        // after Close (the scope), so the session's lock is free again; also after a failed turn or a signal
+        const afterClose = Ref.get(opened).pipe(
+          Effect.flatMap((session) => {
+            if (session === undefined) return Effect.void
+            if (args.rm) {
+              return remove([session.id]).pipe(
+                Effect.catchAll((error) => Console.error(`abox: --rm: ${error.message}`))
+              )
+            }
+            return args.json
+              ? Effect.void
+              : Console.error(
+                  `abox: session ${session.id} stays on disk: abox resume ${session.id} · abox rm ${session.id} (run --rm removes it after the turn)`
+                )
+          })
+        )
+        yield* holdingSession(
+          Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* openFromArgs(
+                args,
+                yield* stepDisplay(!args.json && process.stderr.isTTY === true),
+                progressBar(!args.json && process.stderr.isTTY === true)
+              )
+              yield* Ref.set(opened, session)
+              yield* oneTurn(session, turn, args.json)
+            })
+          )
+        ).pipe(Effect.ensuring(afterClose))
+      })
     )
 ).pipe(
   Command.withDescription(
-    "open a session on <dir>, run one turn (a shell command after --, or --prompt for the model agent), close; exits with the turn's status"
+    "open a session on <dir>, run one turn (a shell command after --, or --prompt for the model agent), close; exits with the turn's status (the session stays unless --rm). Example: abox run --rm ./my-repo -- make test"
   )
 )
 
@@ -207,26 +277,21 @@ export const openCommand = Command.make(
     args.detach
       ? edge({ json: false })(startSession(args.source, { ...args, idleTimeout: Option.none(), json: false }))
       : edge({ json: false })(
-          Effect.scoped(
-            Effect.gen(function* () {
-              const session = yield* open({
-                ...(yield* bootOptions(args)),
-                source: args.source,
-                name: Option.getOrUndefined(args.name),
-                image: Option.getOrUndefined(args.image),
-                onPhase: stepDisplay(true),
-                onProgress: progressBar(true)
+          holdingSession(
+            Effect.scoped(
+              Effect.gen(function* () {
+                const session = yield* openFromArgs(args, yield* stepDisplay(true), progressBar(true))
+                for (const skipped of session.skipped)
+                  yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+                // with --agent, a line is a turn for that command (as before); else a prompt
+                yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
               })
-              for (const skipped of session.skipped)
-                yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
-              // with --agent, a line is a turn for that command (as before); else a prompt
-              yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
-            })
+            )
           )
         )
 ).pipe(
   Command.withDescription(
-    "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes)"
+    "open a session on <dir> and talk to its agent (Ctrl-C cancels a turn, Ctrl-D or /exit closes). Example: abox open ./my-repo --name proj"
   )
 )
 
@@ -235,20 +300,27 @@ export const resumeCommand = Command.make(
   { ref: sessionRef, model, cpus, memory, agent, policy, json, prompt, turn: turnWords },
   (args) =>
     edge({ json: args.json })(
-      Effect.scoped(
-        Effect.gen(function* () {
-          const turn = yield* turnOf(args)
-          const interactiveMode = args.turn.length === 0 && Option.isNone(args.prompt)
-          const session = yield* resume(args.ref, {
-            ...(yield* bootOptions(args)),
-            onPhase: stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+      holdingSession(
+        Effect.scoped(
+          Effect.gen(function* () {
+            const turn = yield* turnOf(args)
+            const interactiveMode = args.turn.length === 0 && Option.isNone(args.prompt)
+            const session = yield* resume(
+              args.ref,
+              yield* bootOptions(
+                args,
+                yield* stepDisplay(interactiveMode || (!args.json && process.stderr.isTTY === true))
+              )
+            )
+            if (interactiveMode)
+              yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
+            else yield* oneTurn(session, turn, args.json)
           })
-          if (interactiveMode)
-            yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
-          else yield* oneTurn(session, turn, args.json)
-        })
+        )
       )
     )
 ).pipe(
-  Command.withDescription("boot an existing session again: interactive, or one turn (after --, or --prompt)")
+  Command.withDescription(
+    "boot an existing session again: interactive, or one turn (after --, or --prompt). Example: abox resume proj -- git status"
+  )
 )

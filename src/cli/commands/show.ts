@@ -2,9 +2,11 @@ import * as Args from "@effect/cli/Args"
 import * as Command from "@effect/cli/Command"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
+import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
+import { sessionStatus } from "../../programs/list.js"
 import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
-import { edge, printJson } from "../render.js"
+import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
 
 /** the broker policy in one line: what may be reached, and which hosts get a credential (by name, never a value) */
@@ -17,7 +19,7 @@ const describePolicy = (policy: NonNullable<SessionMeta["policy"]>): string => {
   return `allow ${allow}${credentials.length > 0 ? `; credentials: ${credentials.join(", ")}` : ""}`
 }
 
-export const sessionRef = Args.text({ name: "id|name" }).pipe(
+export const sessionRef = notAnOption(Args.text({ name: "id|name" })).pipe(
   Args.withDescription("a session id or a session name")
 )
 
@@ -31,9 +33,14 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       const dir = store.dir(id)
       const legacy = dir !== paths.sessionDir(id)
       const names = (yield* store.listNames()).filter((b) => b.sessionId === id).map((b) => b.name)
-      if (args.json) return yield* printJson({ session: { id, dir, legacy, names, meta } })
+      const status = yield* sessionStatus(id)
+      const bytes = yield* diskUsage(dir)
+      const running = status === "running"
+      if (args.json) return yield* printJson({ session: { id, dir, legacy, names, running, bytes, meta } })
       const lines: Array<[string, string | undefined]> = [
         ["id", id],
+        ["status", running ? "RUNNING" : "STOPPED"],
+        ["disk", formatBytes(bytes)],
         ["names", names.join(", ") || undefined],
         ["dir", dir + (legacy ? " (legacy home: read-only)" : "")],
         ["created", meta.created],
@@ -46,7 +53,11 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
           "resources",
           meta.resources ? `${meta.resources.cpus} cpus, ${meta.resources.memoryMiB} MiB` : undefined
         ],
-        ["last close", meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined],
+        // a running session's last close is history, not its state
+        [
+          running ? "prev close" : "last close",
+          meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined
+        ],
         ["broker", meta.policy ? describePolicy(meta.policy) : "(no policy recorded: deny all)"]
       ]
       yield* Console.log(
@@ -54,4 +65,8 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       )
     })
   )
-).pipe(Command.withDescription("show one session's metadata"))
+).pipe(
+  Command.withDescription(
+    "show one session's metadata, status and disk usage. Example: abox show proj --json"
+  )
+)

@@ -1,0 +1,71 @@
+import * as Effect from "effect/Effect"
+import * as fs from "node:fs/promises"
+import { lockPathFor } from "../layers/RuntimeLockLive.js"
+import { diskUsage } from "../lib/diskUsage.js"
+import { AboxPaths } from "../services/AboxPaths.js"
+import { RuntimeLock } from "../services/RuntimeLock.js"
+import { SessionStore, type SessionListing } from "../services/SessionStore.js"
+
+export type SessionStatus = "running" | "stopped"
+
+/**
+ * Running or stopped, from the session's runtime lock: a running session's supervisor (and its
+ * VM helper) holds it. The probe takes the lock for an instant and gives it back; the legacy
+ * home is read-only and never runs (resume copies nothing there).
+ */
+export const sessionStatus = Effect.fn("sessionStatus")(function* (
+  id: string,
+  /** whether the session directory has a lock file, when the caller has read the directory already */
+  hasLockFile?: boolean
+) {
+  const store = yield* SessionStore
+  const paths = yield* AboxPaths
+  const lock = yield* RuntimeLock
+  if (store.dir(id) !== paths.sessionDir(id)) return "stopped" as SessionStatus
+  // a session that never ran has no lock file: nothing to probe, and nothing written by looking
+  const hasLock =
+    hasLockFile ??
+    (yield* Effect.promise(() =>
+      fs.access(lockPathFor(paths.sessionDir(id))).then(
+        () => true,
+        () => false
+      )
+    ))
+  if (!hasLock) return "stopped" as SessionStatus
+  return yield* Effect.scoped(lock.acquire(id)).pipe(
+    Effect.as("stopped" as SessionStatus),
+    Effect.catchTag("SessionBusy", () => Effect.succeed("running" as SessionStatus)),
+    // no lock file can be made (a directory without write access): not running under abox
+    Effect.catchTag("LockError", () => Effect.succeed("stopped" as SessionStatus))
+  )
+})
+
+export type ListedSession = SessionListing & {
+  readonly names: ReadonlyArray<string>
+  readonly status: SessionStatus
+  /** bytes on disk (allocated: the sparse guest disk counts what it holds) */
+  readonly bytes: number
+}
+
+/** every session (current and legacy home) with its names, status and disk usage */
+export const listSessions = Effect.fn("listSessions")(function* () {
+  const store = yield* SessionStore
+  const [rows, names] = yield* Effect.all([store.list(), store.listNames()], { concurrency: 2 })
+  return yield* Effect.forEach(
+    rows,
+    (row) =>
+      Effect.gen(function* () {
+        let hasLockFile = false
+        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes("lock")))
+        return { bytes, status: yield* sessionStatus(row.id, hasLockFile) }
+      }).pipe(
+        Effect.map(({ status, bytes }): ListedSession => ({
+          ...row,
+          names: names.filter((b) => b.sessionId === row.id).map((b) => b.name),
+          status,
+          bytes
+        }))
+      ),
+    { concurrency: 8 }
+  )
+})
