@@ -11,7 +11,7 @@
 # Codex's native binaries as /usr/local/bin/claude and /usr/local/bin/codex, taken straight from
 # their npm platform packages (@anthropic-ai/claude-code-linux-<arch>: a glibc binary;
 # @openai/codex@<version>-linux-<arch>: a static musl binary); no npm install, no postinstall
-# scripts. About 615 MB of the root; `--no-agent-clis` leaves them out.
+# scripts. About 630 MB of the root; `--no-agent-clis` leaves them out.
 # Needs: debootstrap (apt-get install debootstrap) and a reachable Debian mirror.
 #
 # usage: build-full.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
@@ -80,9 +80,11 @@ if [ -n "$AGENT_CLIS" ]; then
   mkdir -p "$WORK/clis"
   tar -xzf "$(npm_tgz "@anthropic-ai/claude-code-linux-$NPM_CPU" "$CLAUDE_CODE_VERSION")" -C "$WORK/clis" package/claude
   mv "$WORK/clis/package/claude" "$R/usr/local/bin/claude"
-  tar -xzf "$(npm_tgz @openai/codex "$CODEX_VERSION-linux-$NPM_CPU")" -C "$WORK/clis" "package/vendor/$RUST_TRIPLE/bin/codex"
-  mv "$WORK/clis/package/vendor/$RUST_TRIPLE/bin/codex" "$R/usr/local/bin/codex"
-  chmod 0755 "$R/usr/local/bin/claude" "$R/usr/local/bin/codex"
+  # codex and the host of its code-mode `exec` tool, which it looks for beside itself
+  tar -xzf "$(npm_tgz @openai/codex "$CODEX_VERSION-linux-$NPM_CPU")" -C "$WORK/clis" "package/vendor/$RUST_TRIPLE/bin"
+  mv "$WORK/clis/package/vendor/$RUST_TRIPLE/bin/codex" "$WORK/clis/package/vendor/$RUST_TRIPLE/bin/codex-code-mode-host" \
+    "$R/usr/local/bin/"
+  chmod 0755 "$R/usr/local/bin/claude" "$R/usr/local/bin/codex" "$R/usr/local/bin/codex-code-mode-host"
   AGENT_CLIS_JSON=",\"claudeCode\":\"$CLAUDE_CODE_VERSION\",\"codex\":\"$CODEX_VERSION\""
 fi
 # what nobody reads in a VM: documentation, manual pages, translations
