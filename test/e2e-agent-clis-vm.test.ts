@@ -23,6 +23,7 @@ import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { agentPreset } from "../src/lib/agentPresets.js"
+import { BROKER_LOG_FILE, readBrokerLog } from "../src/lib/broker/log.js"
 import { type BrokerPolicy, presetRules, withRules } from "../src/lib/broker/policy.js"
 import { ImagesLive } from "../src/lib/images.js"
 import { open } from "../src/programs/session.js"
@@ -158,9 +159,12 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
             )
             const codex = yield* run(presetTurn("codex", "write codex.txt, then say you are done"))
             const files = yield* run("cd /work/repo && stat -c '%U %n' claude.txt codex.txt && cat claude.txt codex.txt")
-            return { env, claude, claudeRequests, codex, files }
+            return { env, claude, claudeRequests, codex, files, id: session.id }
           })
         ).pipe(Effect.provide(layer))
+        const log = yield* readBrokerLog(path.join(home, "sessions", results.id, BROKER_LOG_FILE)).pipe(
+          Effect.provide(NodeFileSystem.layer)
+        )
 
         const show = (outcome: Outcome) => outcome.out.slice(-4000)
         // the guest holds placeholders only, and both CLIs
@@ -203,6 +207,9 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
           expect(request.headers.authorization).toBe(`Bearer ${secrets.OPENAI_API_KEY}`)
         }
         for (const request of mock.requests) expect(JSON.stringify(request.headers)).not.toContain("abox-placeholder")
+        // what else the CLIs tried (Codex: github.com, api.github.com, chatgpt.com) was denied and logged
+        const denied = new Set(log.entries.filter((e) => e.decision === "deny").map((e) => e.host))
+        expect([...denied], JSON.stringify([...denied])).toEqual(expect.arrayContaining(["chatgpt.com"]))
       }).pipe(Effect.scoped),
     1_800_000
   )
