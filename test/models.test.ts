@@ -8,7 +8,7 @@ describe("the model catalog", () => {
       provider: "anthropic",
       id: "claude-sonnet-4-5",
       endpoint: "https://api.anthropic.com",
-      apiKeyEnv: "ANTHROPIC_API_KEY"
+      hostVariable: "ANTHROPIC_API_KEY"
     })
     expect(resolveModel(BUILTIN_CATALOG, "default")).toEqual(resolveModel(BUILTIN_CATALOG, "sonnet"))
     for (const alias of ["opus", "haiku"])
@@ -16,7 +16,7 @@ describe("the model catalog", () => {
     expect(resolveModel(BUILTIN_CATALOG, "gpt")).toMatchObject({
       provider: "openai",
       endpoint: "https://api.openai.com/v1",
-      apiKeyEnv: "OPENAI_API_KEY"
+      hostVariable: "OPENAI_API_KEY"
     })
     expect(resolveModel(BUILTIN_CATALOG, "claude-3-7-sonnet-latest")?.id).toBe("claude-3-7-sonnet-latest")
     expect(resolveModel(BUILTIN_CATALOG, "gpt-4.1")?.provider).toBe("openai")
@@ -45,6 +45,43 @@ describe("the model catalog", () => {
     expect(brokerRulesFor(local)).toEqual({ allow: [], credentials: [] })
   })
 
+  it("api: chat selects the Chat Completions API (openai entries only)", () => {
+    const catalog = Either.getOrThrow(
+      mergeCatalog(
+        JSON.stringify({
+          format: 1,
+          models: {
+            llama: {
+              provider: "openai",
+              api: "chat",
+              id: "qwen",
+              endpoint: "https://llm.local:8443/v1",
+              apiKeyEnv: null
+            },
+            resp: { provider: "openai", api: "responses", id: "gpt-x" }
+          }
+        })
+      )
+    )
+    expect(resolveModel(catalog, "llama")).toEqual({
+      provider: "openai",
+      api: "chat",
+      id: "qwen",
+      endpoint: "https://llm.local:8443/v1"
+    })
+    expect(resolveModel(catalog, "resp")?.api).toBeUndefined()
+    const bad = mergeCatalog(
+      JSON.stringify({ format: 1, models: { x: { provider: "anthropic", api: "chat", id: "claude-x" } } })
+    )
+    expect(Either.isLeft(bad)).toBe(true)
+    expect(String(Either.isLeft(bad) ? bad.left : "")).toContain("openai entries only")
+    expect(
+      Either.isLeft(
+        mergeCatalog(JSON.stringify({ format: 1, models: { x: { provider: "openai", api: "x", id: "m" } } }))
+      )
+    ).toBe(true)
+  })
+
   it("a models.json that does not decode says why", () => {
     const bad = mergeCatalog(JSON.stringify({ format: 1, models: { x: { provider: "mistral", id: "m" } } }))
     expect(Either.isLeft(bad)).toBe(true)
@@ -62,7 +99,7 @@ describe("the model catalog", () => {
         provider: "openai",
         id: "m",
         endpoint: "https://gw.example.com:8443/v1",
-        apiKeyEnv: "GW_KEY"
+        hostVariable: "GW_KEY"
       })
     ).toEqual({
       allow: [{ host: "gw.example.com", ports: [8443] }],

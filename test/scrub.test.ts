@@ -17,7 +17,8 @@ import {
 } from "../src/layers/SecretScrubberLive.js"
 import { findSecrets, isSecretName, secretRulesVersion } from "../src/lib/secrets.js"
 import { decodeConfigDisk, encodeConfigDisk } from "../src/protocol/ConfigDisk.js"
-import { GuestConfig } from "../src/protocol/GuestConfig.js"
+import { GuestConfig, ModelSpec } from "../src/protocol/GuestConfig.js"
+import { BUILTIN_CATALOG, resolveModel } from "../src/lib/models.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { SecretScrubber } from "../src/services/SecretScrubber.js"
 import {
@@ -84,6 +85,17 @@ describe("secret detection", () => {
       expect(isSecretName(name)).toBe(true)
     }
     expect(isSecretName("author")).toBe(false)
+  })
+
+  it("no model spec field looks secret: a session's config made from any built-in model is clean", () => {
+    // a config the scrubber rewrote would change a running session's config disk under it
+    for (const field of Object.keys(ModelSpec.fields)) expect(isSecretName(field)).toBe(false)
+    for (const alias of Object.keys(BUILTIN_CATALOG.models)) {
+      const modelSpec = resolveModel(BUILTIN_CATALOG, alias)
+      expect(modelSpec).toBeDefined()
+      const config = { format: 1, sessionId: "s", model: alias, placeholderEnv: [], modelSpec, maxSteps: 40 }
+      expect(findSecrets(JSON.stringify(config, null, 2))).toEqual([])
+    }
   })
 
   it("each planted kind is found, never with its value in the reported kinds", () => {

@@ -12,14 +12,15 @@ import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
 import type { AgentEvent, ControlMessage } from "../protocol/Messages.js"
-import { FEATURE_EXPORT, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, FEATURE_TTY, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
 import { changedEntries, exportOperands, exportTar } from "./exportTree.js"
 import { extractTar } from "./extract.js"
 import { baselineDir } from "./repoDisk.js"
 import type { PromptRunner } from "./prompts.js"
-import type { TurnRunner } from "./turns.js"
+import type { TurnOutcome, TurnRunner } from "./turns.js"
+import type { TtyTurnRunner } from "./ttyTurns.js"
 import { channelDuplex } from "./tunnels.js"
 
 /** where the host thinks the repository is; mapped onto --repo */
@@ -37,6 +38,8 @@ export interface GuestAgentOptions {
   readonly repoDir: string
   readonly stateDir: string
   readonly runner: TurnRunner
+  /** tty turns (a pty from BusyBox telnetd); absent: hello does not list FEATURE_TTY */
+  readonly tty?: TtyTurnRunner | undefined
   /** prompt turns (the model agent); absent: a prompt turn is refused with an error */
   readonly prompts?: PromptRunner | undefined
   readonly history: ReadonlyArray<ContextTurn>
@@ -115,12 +118,12 @@ export class GuestAgent {
       // a window above v4's default lets the host keep a transfer's pipe full
       ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {}),
       ...(this.options.repoDisk === true ? { repoDisk: true } : {}),
-      features: [FEATURE_EXPORT]
+      features: this.options.tty === undefined ? [FEATURE_EXPORT] : [FEATURE_EXPORT, FEATURE_TTY]
     })
     await link.sendControl({ type: "ready" })
     const end = await ended
     this.shuttingDown = true
-    await Promise.all([this.options.runner.stop(), this.options.prompts?.stop()])
+    await Promise.all([this.options.runner.stop(), this.options.prompts?.stop(), this.options.tty?.stop()])
     await this.turnDone
     await this.save()
     return end
@@ -163,7 +166,28 @@ export class GuestAgent {
         // cancelling a turn that already ended is not an error: the two crossed on the wire
         this.options.runner.cancel(message.turn)
         this.options.prompts?.cancel(message.turn)
+        this.options.tty?.cancel(message.turn)
         return
+      case "tty_turn": {
+        const tty = this.options.tty
+        if (tty === undefined) return this.noTty(message.type, message.turn)
+        const options = { rows: message.rows, cols: message.cols, term: message.term }
+        return this.startTurn(message.turn, message.text, "shell", (sink) =>
+          tty.run(message.turn, message.text, options, sink)
+        )
+      }
+      // input, resize and signals for a turn that already ended crossed its end on the wire: dropped
+      case "turn_input":
+        if (this.options.tty === undefined) return this.noTty(message.type, message.turn)
+        this.options.tty.input(message.turn, Buffer.from(message.data, "base64"))
+        return
+      case "turn_resize":
+        if (this.options.tty === undefined) return this.noTty(message.type, message.turn)
+        this.options.tty.resize(message.turn, message.rows, message.cols)
+        return
+      case "turn_signal":
+        if (this.options.tty === undefined) return this.noTty(message.type, message.turn)
+        return this.options.tty.signal(message.turn, message.signal)
       case "shutdown":
         if (this.options.ignoreShutdown === true) {
           this.options.log("shutdown ignored (ignoreShutdown is set in the config)")
@@ -345,9 +369,18 @@ export class GuestAgent {
     }
   }
 
-  private startTurn(turn: number, text: string, mode: "shell" | "prompt"): Promise<void> | void {
-    const { runner, prompts } = this.options
-    const busy = runner.current ?? prompts?.current
+  private noTty(type: string, turn: number): Promise<void> {
+    return this.send({ type: "error", code: "unexpected_message", message: `${type}: this guest has no tty turns`, turn })
+  }
+
+  private startTurn(
+    turn: number,
+    text: string,
+    mode: "shell" | "prompt",
+    start?: (sink: (event: AgentEvent) => Promise<void>) => Promise<TurnOutcome>
+  ): Promise<void> | void {
+    const { runner, prompts, tty } = this.options
+    const busy = runner.current ?? prompts?.current ?? tty?.current
     if (busy !== undefined) {
       return this.send({
         type: "error",
@@ -367,9 +400,11 @@ export class GuestAgent {
     const startedAt = this.now().toISOString()
     const sink = (event: AgentEvent) => this.send({ type: "agent_event", turn, event })
     const outcome =
-      mode === "prompt" && prompts !== undefined
-        ? prompts.run(turn, text, sink)
-        : runner.run(turn, text, sink)
+      start !== undefined
+        ? start(sink)
+        : mode === "prompt" && prompts !== undefined
+          ? prompts.run(turn, text, sink)
+          : runner.run(turn, text, sink)
     this.turnDone = outcome.then(
       async (result) => {
         this.history.push({ turn, text, ...result, startedAt, endedAt: this.now().toISOString() })

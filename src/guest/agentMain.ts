@@ -13,6 +13,7 @@
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
+import { existsSync } from "node:fs"
 import * as path from "node:path"
 import * as Either from "effect/Either"
 import {
@@ -33,6 +34,7 @@ import { openRpc } from "./rpcPort.js"
 import { TunnelClient } from "./tunnels.js"
 import { PromptRunner } from "./prompts.js"
 import { TurnRunner, turnEnv } from "./turns.js"
+import { BUSYBOX, TtyTurnRunner } from "./ttyTurns.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
 
 export const GUEST_VERSION = "0.1.0"
@@ -270,6 +272,8 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
   }
   const runner = new TurnRunner(turnEnvironment)
+  // tty turns need BusyBox's telnetd (the image's /bin/busybox); without it hello does not offer them
+  const tty = existsSync(BUSYBOX) ? new TtyTurnRunner(turnEnvironment) : undefined
   // the model agent: its bundle loads on the first prompt turn, not here
   const prompts = new PromptRunner({
     spec: config.right.modelSpec,
@@ -286,6 +290,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   process.once("SIGTERM", () => {
     runner.killNow()
     prompts.killNow()
+    tty?.killNow()
     process.exit(128 + 15)
   })
   const agent = new GuestAgent({
@@ -296,6 +301,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     stateDir: flags.state,
     runner,
     prompts,
+    tty,
     history,
     owner: user === undefined ? undefined : { uid: user.uid, gid: user.gid },
     ignoreShutdown: config.right.ignoreShutdown,

@@ -14,7 +14,7 @@ import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import type { AgentEvent, ControlMessage, HelloMessage } from "../protocol/Messages.js"
-import { FEATURE_EXPORT, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, FEATURE_TTY, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
@@ -33,6 +33,8 @@ import {
   ProtocolError,
   TransferFailed,
   type TransferOptions,
+  TtyUnsupported,
+  type TtyRequest,
   type TunnelRequest,
   type TurnEvent
 } from "../services/GuestRpc.js"
@@ -571,6 +573,45 @@ const connect = (
       ).pipe(Stream.withSpan("GuestRpc.exportTree"))
 
     const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
+      runTurn((id) => send({ type: "user_turn", turn: id, text, ...(mode === "prompt" ? { mode } : {}) }))
+
+    const ttyTurn = (text: string, request: TtyRequest): Stream.Stream<TurnEvent, TtyUnsupported | GuestRpcError> =>
+      // a message type an older v4 guest would not decode: only when the guest lists it
+      helloMessage.features?.includes(FEATURE_TTY) !== true
+        ? Stream.fail(
+            new TtyUnsupported({
+              message:
+                "this session's guest has no terminal turns (its image predates them): run image-update and open a new session"
+            })
+          )
+        : runTurn((id) =>
+            Effect.gen(function* () {
+              yield* send({
+                type: "tty_turn",
+                turn: id,
+                text,
+                rows: request.rows,
+                cols: request.cols,
+                ...(request.term === undefined ? {} : { term: request.term })
+              })
+              // the client's keys, sizes and signals follow tty_turn; they stop with the turn's scope
+              yield* request.controls.pipe(
+                Stream.runForEach((control) =>
+                  send(
+                    control._tag === "Input"
+                      ? { type: "turn_input", turn: id, data: Buffer.from(control.bytes).toString("base64") }
+                      : control._tag === "Resize"
+                        ? { type: "turn_resize", turn: id, rows: control.rows, cols: control.cols }
+                        : { type: "turn_signal", turn: id, signal: control.signal }
+                  )
+                ),
+                Effect.ignore,
+                Effect.forkScoped
+              )
+            })
+          )
+
+    const runTurn = (start: (id: number) => Effect.Effect<void, GuestRpcError, Scope.Scope>): Stream.Stream<TurnEvent, GuestRpcError> =>
       Stream.unwrapScoped(
         Effect.gen(function* () {
           yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
@@ -601,7 +642,7 @@ const connect = (
               yield* Queue.shutdown(entry.queue)
             })
           )
-          yield* send({ type: "user_turn", turn: id, text, ...(mode === "prompt" ? { mode } : {}) })
+          yield* start(id)
           return Stream.fromQueue(entry.queue).pipe(
             Stream.mapEffect((item) => (isTurnEvent(item) ? Effect.succeed(item) : Effect.fail(item))),
             Stream.takeUntil((event) => event._tag === "End")
@@ -656,6 +697,7 @@ const connect = (
       transfer,
       exportTree,
       turn,
+      ttyTurn,
       cancel,
       shutdown,
       tunnels: Stream.fromQueue(tunnelQueue),

@@ -20,6 +20,11 @@ export const MODEL_CATALOG_FILE = "models.json"
 
 export const ModelEntry = Schema.Struct({
   provider: Schema.Literal("anthropic", "openai"),
+  /**
+   * openai entries only: `responses` (default, `POST {endpoint}/responses`) or `chat` (the Chat
+   * Completions API, `POST {endpoint}/chat/completions`: llama.cpp, vLLM, Ollama …)
+   */
+  api: Schema.optional(Schema.Literal("responses", "chat")),
   id: Schema.String.pipe(Schema.minLength(1)),
   /** default: the provider's public API */
   endpoint: Schema.optional(Schema.String.pipe(Schema.pattern(/^https?:\/\/[^/\s]+/))),
@@ -33,7 +38,11 @@ export const ModelEntry = Schema.Struct({
   /** US dollars per million input / output tokens */
   inputPrice: Schema.optional(Schema.NonNegative),
   outputPrice: Schema.optional(Schema.NonNegative)
-})
+}).pipe(
+  Schema.filter((entry) =>
+    entry.api === undefined || entry.provider === "openai" ? true : `"api" is for openai entries only`
+  )
+)
 export type ModelEntry = typeof ModelEntry.Type
 
 export const ModelCatalogFile = Schema.Struct({
@@ -140,10 +149,11 @@ export const resolveModel = (catalog: ModelCatalog, alias: string): ModelSpec | 
     return {
       provider: found.provider,
       id: found.id,
+      ...(found.api === "chat" ? { api: "chat" as const } : {}),
       endpoint: found.endpoint ?? PROVIDER_ENDPOINTS[found.provider],
-      ...(apiKeyEnv === null ? {} : { apiKeyEnv }),
+      ...(apiKeyEnv === null ? {} : { hostVariable: apiKeyEnv }),
       ...(found.contextWindow === undefined ? {} : { contextWindow: found.contextWindow }),
-      ...(found.maxOutputTokens === undefined ? {} : { maxOutputTokens: found.maxOutputTokens }),
+      ...(found.maxOutputTokens === undefined ? {} : { outputLimit: found.maxOutputTokens }),
       ...(found.inputPrice === undefined ? {} : { inputPrice: found.inputPrice }),
       ...(found.outputPrice === undefined ? {} : { outputPrice: found.outputPrice })
     }
@@ -166,9 +176,9 @@ const endpointHostPort = (endpoint: string): { readonly host: string; readonly p
  * public API; the same header shape on the endpoint's own host and port otherwise.
  */
 export const brokerRulesFor = (spec: ModelSpec): PolicyRules => {
-  if (spec.apiKeyEnv === undefined) return { allow: [], credentials: [] }
+  if (spec.hostVariable === undefined) return { allow: [], credentials: [] }
   const { host, port } = endpointHostPort(spec.endpoint)
-  const preset = presetRules(spec.provider, { fromEnv: spec.apiKeyEnv })
+  const preset = presetRules(spec.provider, { fromEnv: spec.hostVariable })
   const presetHost = endpointHostPort(PROVIDER_ENDPOINTS[spec.provider]).host
   if (host === presetHost && port === 443) return preset
   const allow: ReadonlyArray<AllowRule> = [{ host, ports: [port] }]

@@ -23,8 +23,11 @@ import {
   GuestRpc,
   type GuestConnection,
   type TurnEvent,
-  type GuestRpcError
+  type GuestRpcError,
+  type TtyRequest,
+  type TtyUnsupported
 } from "../services/GuestRpc.js"
+import { FEATURE_TTY } from "../protocol/Messages.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { HttpsBroker, type BrokerPolicy, type BrokerSession } from "../services/HttpsBroker.js"
 import { Images, type GoldenImage } from "../services/Images.js"
@@ -63,6 +66,8 @@ export interface Session {
    * turn. `mode`: "shell" (default) runs a command, "prompt" asks the model agent.
    */
   readonly turn: (text: string, mode?: TurnMode) => Stream.Stream<TurnEvent, GuestRpcError>
+  /** one shell command on a pseudo-terminal in the guest (GuestConnection.ttyTurn) */
+  readonly ttyTurn: (text: string, request: TtyRequest) => Stream.Stream<TurnEvent, TtyUnsupported | GuestRpcError>
   /** the model the session's prompt turns use (resolved from the catalog at boot), if any */
   readonly modelSpec?: ModelSpec | undefined
   /** source entries the snapshot left out (sockets, fifos, devices); empty on resume */
@@ -231,8 +236,8 @@ export const loadModelCatalog = Effect.gen(function* () {
  */
 const modelAndPolicy = Effect.fn("session.modelAndPolicy")(function* (alias: string, policy: BrokerPolicy) {
   const spec = resolveModel(yield* loadModelCatalog, alias)
-  if (spec?.apiKeyEnv === undefined) return { spec, policy }
-  const key = yield* Config.option(Config.redacted(spec.apiKeyEnv)).pipe(
+  if (spec?.hostVariable === undefined) return { spec, policy }
+  const key = yield* Config.option(Config.redacted(spec.hostVariable)).pipe(
     Effect.orElseSucceed(() => Option.none())
   )
   return { spec, policy: Option.isSome(key) ? withRules(policy, brokerRulesFor(spec)) : policy }
@@ -386,6 +391,16 @@ const sessionFrom = (
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
         ).pipe(Effect.as(connection.turn(text, mode)))
+      ),
+    ttyTurn: (text, request) =>
+      // a guest without tty turns refuses before a turn number is taken
+      connection.hello.features?.includes(FEATURE_TTY) !== true
+        ? connection.ttyTurn(text, request)
+        : Stream.unwrapScoped(
+        Effect.acquireRelease(
+          Effect.suspend(() => broker.setTurn(++turns)),
+          () => broker.setTurn(undefined)
+        ).pipe(Effect.as(connection.ttyTurn(text, request)))
       ),
     modelSpec: booted.modelSpec,
     skipped

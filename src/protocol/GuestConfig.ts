@@ -14,18 +14,23 @@ export const AgentCommand = Schema.Struct({
 
 /**
  * The model a prompt turn talks to, resolved on the host from the model catalog: secretless (the
- * key is added by the broker; `apiKeyEnv` names the host's variable for messages only).
+ * key is added by the broker; `hostVariable` names the host's variable for messages only: its
+ * field name says nothing of keys so that the secret scrubber, which redacts key-named fields, leaves
+ * the config of a running session alone).
  */
 export const ModelSpec = Schema.Struct({
   provider: Schema.Literal("anthropic", "openai"),
+  /** openai only: `chat` speaks the Chat Completions API (absent: the Responses API) */
+  api: Schema.optional(Schema.Literal("responses", "chat")),
   /** the provider's model id */
   id: Schema.String,
   /** base URL: Anthropic `https://api.anthropic.com`, OpenAI (or compatible) `…/v1` */
   endpoint: Schema.String,
   /** the host's environment variable holding the key (for messages; the guest never sees a value) */
-  apiKeyEnv: Schema.optional(Schema.String),
+  hostVariable: Schema.optional(Schema.String),
   contextWindow: Schema.optional(Schema.Number),
-  maxOutputTokens: Schema.optional(Schema.Number),
+  /** the most tokens one answer may take (named so that the scrubber does not take it for a token) */
+  outputLimit: Schema.optional(Schema.Number),
   /** US dollars per million tokens, when known */
   inputPrice: Schema.optional(Schema.Number),
   outputPrice: Schema.optional(Schema.Number)

@@ -119,6 +119,8 @@ export const Hello = msg("hello", {
 
 /** hello.features: the guest understands export_begin (and keeps a baseline) */
 export const FEATURE_EXPORT = "export"
+/** hello.features: the guest understands tty_turn, turn_input, turn_resize and turn_signal */
+export const FEATURE_TTY = "tty"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
@@ -146,6 +148,28 @@ export const UserTurn = msg("user_turn", {
   mode: Schema.optional(Schema.Literal("shell", "prompt"))
 })
 export const Cancel = msg("cancel", { turn: Schema.Number })
+/** a terminal dimension (NAWS carries 16 bits) */
+const TermSize = Schema.Int.pipe(Schema.between(1, 0xffff))
+/**
+ * host → guest (FEATURE_TTY): a shell command on a pseudo-terminal of `rows`×`cols`; its output
+ * is `stdout` events (the terminal's bytes), then turn_end as for user_turn
+ */
+export const TtyTurn = msg("tty_turn", {
+  turn: Schema.Number,
+  text: Schema.String,
+  rows: TermSize,
+  cols: TermSize,
+  /** the client's TERM */
+  term: Schema.optional(Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9._+-]{1,64}$/)))
+})
+/** host → guest (FEATURE_TTY): bytes typed on the client's terminal, for a running tty turn */
+export const TurnInput = msg("turn_input", { turn: Schema.Number, data: Base64 })
+/** host → guest (FEATURE_TTY): the client's terminal changed size */
+export const TurnResize = msg("turn_resize", { turn: Schema.Number, rows: TermSize, cols: TermSize })
+/** the signals a tty turn's command may be sent (turn_signal) */
+export const TurnSignalName = Schema.Literal("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2")
+/** host → guest (FEATURE_TTY): a signal to a running tty turn's command */
+export const TurnSignal = msg("turn_signal", { turn: Schema.Number, signal: TurnSignalName })
 export const TransferBegin = msg("transfer_begin", {
   channel: Schema.Number,
   format: Schema.Literal("tar"),
@@ -211,7 +235,11 @@ export const ControlMessage = Schema.Union(
   TunnelClose,
   ErrorMsg,
   ForwardOpen,
-  ForwardAccept
+  ForwardAccept,
+  TtyTurn,
+  TurnInput,
+  TurnResize,
+  TurnSignal
 )
 export type ControlMessage = typeof ControlMessage.Type
 export type HelloMessage = typeof Hello.Type

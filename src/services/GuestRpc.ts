@@ -4,7 +4,7 @@ import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as Schema from "effect/Schema"
 import type * as Stream from "effect/Stream"
-import type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, HelloMessage, TurnSignalName } from "../protocol/Messages.js"
 
 export class GuestTooOld extends Schema.TaggedError<GuestTooOld>()("GuestTooOld", {
   protocol: Schema.Number,
@@ -44,6 +44,26 @@ export class ForwardRefused extends Schema.TaggedError<ForwardRefused>()("Forwar
   port: Schema.Number,
   message: Schema.String
 }) {}
+
+/** the session's guest has no tty turns (its image predates them: hello.features lacks "tty") */
+export class TtyUnsupported extends Schema.TaggedError<TtyUnsupported>()("TtyUnsupported", {
+  message: Schema.String
+}) {}
+
+/** what a client's terminal sends during a tty turn */
+export type TtyControl =
+  | { readonly _tag: "Input"; readonly bytes: Uint8Array }
+  | { readonly _tag: "Resize"; readonly rows: number; readonly cols: number }
+  | { readonly _tag: "Signal"; readonly signal: typeof TurnSignalName.Type }
+
+export interface TtyRequest {
+  readonly rows: number
+  readonly cols: number
+  /** the client's TERM */
+  readonly term?: string | undefined
+  /** typed bytes, resizes and signals, sent to the guest as they come while the turn runs */
+  readonly controls: Stream.Stream<TtyControl>
+}
 
 /** a port forward's byte stream (a protocol channel to 127.0.0.1:<port> in the guest) */
 export interface ForwardChannel {
@@ -106,6 +126,15 @@ export interface GuestConnection {
   readonly exportTree: (request: ExportRequest) => Stream.Stream<Uint8Array, TransferFailed | GuestRpcError>
   /** one turn: its events as they come, ending with `End`; interrupting the stream cancels the turn */
   readonly turn: (text: string, mode?: "shell" | "prompt") => Stream.Stream<TurnEvent, GuestRpcError>
+  /**
+   * one shell command on a pseudo-terminal in the guest (protocol `tty_turn`): its output is
+   * `stdout` events (the terminal's bytes), then `End`; `request.controls` is read while it runs.
+   * Interrupting the stream cancels the turn, as for `turn`.
+   */
+  readonly ttyTurn: (
+    text: string,
+    request: TtyRequest
+  ) => Stream.Stream<TurnEvent, TtyUnsupported | GuestRpcError>
   readonly cancel: (turn: number) => Effect.Effect<void, GuestRpcError>
   /** ask the guest to sync and power off; waits (bounded) for its acknowledgement or disconnect */
   readonly shutdown: Effect.Effect<void, GuestRpcError>

@@ -1,0 +1,309 @@
+/**
+ * TTY turns (`abox exec -it`): a command on a pseudo-terminal in the guest.
+ *
+ * Node cannot make a usable pty without a native addon, so the pty comes from BusyBox's
+ * `telnetd` in inetd mode (`busybox telnetd -i -f /dev/null -l <wrapper>`): it opens the pty,
+ * starts the wrapper in a new session with the pty as its controlling terminal, and speaks telnet
+ * over its own stdin/stdout pipes. This module is the telnet side:
+ *
+ * - output: negotiation (`IAC WILL/WONT/DO/DONT x`, other `IAC x`) and `IAC SB … IAC SE` blocks are
+ *   dropped, `IAC IAC` is one 0xFF byte, and the `\r\r\n` telnetd writes before the command's
+ *   first byte is dropped;
+ * - input: 0xFF is doubled, `\r` is sent as `\r\0`; a resize is NAWS
+ *   (`IAC SB 31 w_hi w_lo h_hi h_lo IAC SE`, 0xFF doubled there too);
+ * - telnetd always exits 0: the wrapper writes the command's status and its own pid (`$$`, the
+ *   new session's process group) into a per-turn directory owned by the turn user;
+ * - telnetd's stdin stays open for the whole turn (closing it ends the command);
+ * - cancel and forwarded signals go to telnetd's process group and to the wrapper's.
+ */
+import { spawn, type ChildProcess } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import type { TurnSignalName } from "../protocol/Messages.js"
+import { OutputChunker, turnEnv, type EventSink, type TurnEnvironment, type TurnOutcome } from "./turns.js"
+
+const IAC = 0xff
+const SB = 0xfa
+const SE = 0xf0
+const WILL = 0xfb
+const DONT = 0xfe
+const NAWS = 31
+
+/** the signals a host may forward to a tty turn's command (turn_signal's fixed set) */
+export type TtySignal = typeof TurnSignalName.Type
+
+/** the busybox binary that provides telnetd (the image's and the test host's) */
+export const BUSYBOX = "/bin/busybox"
+
+/** a terminal dimension as NAWS carries it (1–65535; 0 would mean "unknown") */
+const dimension = (n: number): number => Math.max(1, Math.min(0xffff, Math.trunc(n)))
+
+/** the bytes the command reads: 0xFF doubled, CR followed by NUL (telnet's bare CR) */
+export const encodeInput = (bytes: Uint8Array): Buffer => {
+  const out: Array<number> = []
+  for (const b of bytes) {
+    out.push(b)
+    if (b === IAC) out.push(IAC)
+    else if (b === 0x0d) out.push(0)
+  }
+  return Buffer.from(out)
+}
+
+/** NAWS: the terminal's size (columns, then rows), 0xFF doubled inside the block */
+export const encodeResize = (rows: number, cols: number): Buffer => {
+  const w = dimension(cols)
+  const h = dimension(rows)
+  const body: Array<number> = []
+  for (const b of [w >> 8, w & 0xff, h >> 8, h & 0xff]) {
+    body.push(b)
+    if (b === IAC) body.push(IAC)
+  }
+  return Buffer.from([IAC, SB, NAWS, ...body, IAC, SE])
+}
+
+const LEADING = Buffer.from("\r\r\n")
+
+/** telnetd's output → the terminal's bytes (a state machine: sequences may be cut by reads) */
+export class TelnetDecoder {
+  private state: "data" | "iac" | "option" | "sb" | "sb_iac" = "data"
+  /** bytes of the stream's start that may still be telnetd's leading `\r\r\n` */
+  private prefix: Array<number> | undefined = []
+
+  push(chunk: Uint8Array): Buffer {
+    const out: Array<number> = []
+    for (const b of chunk) {
+      switch (this.state) {
+        case "data":
+          if (b === IAC) this.state = "iac"
+          else this.data(b, out)
+          break
+        case "iac":
+          if (b === IAC) {
+            this.data(IAC, out)
+            this.state = "data"
+          } else if (b === SB) this.state = "sb"
+          else if (b >= WILL && b <= DONT) this.state = "option"
+          else this.state = "data" // a two-byte command (NOP, GA, …)
+          break
+        case "option":
+          this.state = "data"
+          break
+        case "sb":
+          if (b === IAC) this.state = "sb_iac"
+          break
+        case "sb_iac":
+          this.state = b === SE ? "data" : "sb"
+          break
+      }
+    }
+    return Buffer.from(out)
+  }
+
+  /** the stream ended: a partial leading sequence was the command's own bytes */
+  end(): Buffer {
+    const rest = this.prefix ?? []
+    this.prefix = undefined
+    return Buffer.from(rest)
+  }
+
+  private data(b: number, out: Array<number>): void {
+    const prefix = this.prefix
+    if (prefix === undefined) {
+      out.push(b)
+      return
+    }
+    prefix.push(b)
+    if (b !== LEADING[prefix.length - 1]) {
+      out.push(...prefix)
+      this.prefix = undefined
+    } else if (prefix.length === LEADING.length) {
+      this.prefix = undefined // telnetd's, not the command's
+    }
+  }
+}
+
+const shellQuote = (text: string): string => `'${text.replaceAll("'", `'\\''`)}'`
+
+/** the program telnetd starts on the pty: size, the command, its status and the session's pid */
+export const wrapperScript = (dir: string, text: string, rows: number, cols: number): string =>
+  [
+    "#!/bin/sh",
+    // the wrapper outlives ^C (the command gets the default handling) to record the status
+    "trap : INT TERM HUP QUIT",
+    `echo $$ > ${shellQuote(path.join(dir, "pid"))}`,
+    `stty rows ${dimension(rows)} cols ${dimension(cols)} 2>/dev/null`,
+    // the working directory is telnetd's (the repository, entered before the uid changes, as for
+    // other turns)
+    `/bin/sh -c ${shellQuote(text)}`,
+    `echo $? > ${shellQuote(path.join(dir, "status.tmp"))} && mv ${shellQuote(path.join(dir, "status.tmp"))} ${shellQuote(path.join(dir, "status"))}`,
+    ""
+  ].join("\n")
+
+const readInt = async (file: string): Promise<number | undefined> => {
+  try {
+    const text = (await fs.readFile(file, "utf8")).trim()
+    if (!/^\d{1,10}$/.test(text)) return undefined
+    return Number(text)
+  } catch {
+    return undefined
+  }
+}
+
+const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
+  if (pid === undefined || pid <= 1) return
+  try {
+    process.kill(-pid, signal)
+  } catch {
+    // the group is gone
+  }
+}
+
+interface Running {
+  readonly turn: number
+  readonly child: ChildProcess
+  readonly dir: string
+  cancelled: boolean
+  killTimer?: NodeJS.Timeout
+}
+
+export interface TtyTurnOptions {
+  readonly rows: number
+  readonly cols: number
+  /** the local terminal's TERM (absent: not set) */
+  readonly term?: string | undefined
+}
+
+export class TtyTurnRunner {
+  private running: Running | undefined
+
+  constructor(
+    private readonly env: TurnEnvironment,
+    private readonly busybox: string = BUSYBOX
+  ) {}
+
+  get current(): number | undefined {
+    return this.running?.turn
+  }
+
+  /** Runs one tty turn to its end; rejects only when it cannot start (no busybox, no temp dir). */
+  async run(turn: number, text: string, options: TtyTurnOptions, sink: EventSink): Promise<TurnOutcome> {
+    if (this.running !== undefined) throw new Error(`turn ${this.running.turn} is still running`)
+    const user = this.env.user
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "abox-tty-"))
+    try {
+      const wrapper = path.join(dir, "wrapper")
+      await fs.writeFile(wrapper, wrapperScript(dir, text, options.rows, options.cols), {
+        mode: 0o755
+      })
+      if (user !== undefined) {
+        await fs.chown(dir, user.uid, user.gid)
+        await fs.chown(wrapper, user.uid, user.gid)
+      }
+    } catch (error) {
+      await fs.rm(dir, { recursive: true, force: true })
+      throw error
+    }
+    const child = spawn(this.busybox, ["telnetd", "-i", "-f", "/dev/null", "-l", path.join(dir, "wrapper")], {
+      cwd: this.env.repoDir,
+      env: { ...turnEnv(this.env), ...(options.term === undefined ? {} : { TERM: options.term }) },
+      detached: true,
+      stdio: ["pipe", "pipe", "ignore"],
+      ...(user === undefined ? {} : { uid: user.uid, gid: user.gid })
+    })
+    const running: Running = { turn, child, dir, cancelled: false }
+    this.running = running
+    child.stdin!.on("error", () => undefined)
+    try {
+      await new Promise<void>((resolve, reject) => {
+        child.once("spawn", resolve)
+        child.once("error", reject)
+      })
+    } catch (error) {
+      this.running = undefined
+      await fs.rm(dir, { recursive: true, force: true })
+      throw error
+    }
+    const decoder = new TelnetDecoder()
+    const chunker = new OutputChunker("stdout")
+    const pumped = (async () => {
+      for await (const chunk of child.stdout! as AsyncIterable<Buffer>) {
+        for (const event of chunker.push(decoder.push(chunk))) await sink(event)
+      }
+      for (const event of chunker.push(decoder.end())) await sink(event)
+      for (const event of chunker.end()) await sink(event)
+    })()
+    await new Promise<void>((resolve) => child.once("exit", () => resolve()))
+    await Promise.race([pumped.catch(() => undefined), new Promise((done) => setTimeout(done, 1000).unref())])
+    child.stdout?.destroy()
+    child.stdin?.destroy()
+    const pid = await readInt(path.join(dir, "pid"))
+    killGroup(pid, "SIGKILL")
+    const status = await readInt(path.join(dir, "status"))
+    if (running.killTimer !== undefined) clearTimeout(running.killTimer)
+    if (this.running === running) this.running = undefined
+    await fs.rm(dir, { recursive: true, force: true })
+    if (status === undefined || status > 255) return { exitCode: null, signal: "SIGKILL", cancelled: running.cancelled }
+    return { exitCode: status, signal: null, cancelled: running.cancelled }
+  }
+
+  private target(turn: number): Running | undefined {
+    const running = this.running
+    return running !== undefined && running.turn === turn ? running : undefined
+  }
+
+  /** bytes typed on the client's terminal; false when `turn` is not running */
+  input(turn: number, bytes: Uint8Array): boolean {
+    const running = this.target(turn)
+    if (running === undefined) return false
+    running.child.stdin?.write(encodeInput(bytes))
+    return true
+  }
+
+  resize(turn: number, rows: number, cols: number): boolean {
+    const running = this.target(turn)
+    if (running === undefined) return false
+    running.child.stdin?.write(encodeResize(rows, cols))
+    return true
+  }
+
+  /** one of TTY_SIGNALS to the command's session and telnetd's group */
+  async signal(turn: number, signal: TtySignal): Promise<boolean> {
+    const running = this.target(turn)
+    if (running === undefined) return false
+    killGroup(await readInt(path.join(running.dir, "pid")), signal)
+    if (signal === "SIGKILL") killGroup(running.child.pid, signal)
+    return true
+  }
+
+  cancel(turn: number): boolean {
+    const running = this.target(turn)
+    if (running === undefined) return false
+    if (running.cancelled) return true
+    running.cancelled = true
+    // SIGTERM to the command's session (the wrapper records 143; telnetd then ends on its own),
+    // or to telnetd's group while the wrapper has not started; SIGKILL to both after the bound
+    void readInt(path.join(running.dir, "pid")).then((pid) => killGroup(pid ?? running.child.pid, "SIGTERM"))
+    running.killTimer = setTimeout(() => {
+      void readInt(path.join(running.dir, "pid")).then((pid) => killGroup(pid, "SIGKILL"))
+      killGroup(running.child.pid, "SIGKILL")
+    }, this.env.killAfterMs ?? 2000)
+    running.killTimer.unref()
+    return true
+  }
+
+  async stop(): Promise<void> {
+    const running = this.running
+    if (running === undefined) return
+    const ended = new Promise<void>((resolve) => {
+      if (running.child.exitCode !== null || running.child.signalCode !== null) resolve()
+      else running.child.once("exit", () => resolve())
+    })
+    this.cancel(running.turn)
+    await ended
+  }
+
+  killNow(): void {
+    killGroup(this.running?.child.pid, "SIGKILL")
+  }
+}
