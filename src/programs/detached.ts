@@ -39,7 +39,8 @@ import {
   GuestTooNew,
   GuestTooOld,
   ProtocolError,
-  TransferFailed
+  TransferFailed,
+  TtyUnsupported
 } from "../services/GuestRpc.js"
 import { BrokerError, BrokerPolicyError } from "../services/HttpsBroker.js"
 import { DiskError, ImageNotFound } from "../services/Images.js"
@@ -85,7 +86,8 @@ const KnownError = Schema.Union(
   BrokerError,
   SessionNotRunning,
   ControlError,
-  ForwardRefused
+  ForwardRefused,
+  TtyUnsupported
 )
 export type RemoteError = typeof KnownError.Type | ControlRefused
 const decodeKnown = Schema.decodeUnknownEither(KnownError)
