@@ -7,6 +7,9 @@ import { describe, expect, it } from "@effect/vitest"
 import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
+import { exitCodeFor } from "../src/cli/exitCodes.js"
+import { remoteError } from "../src/programs/detached.js"
+import { TtyUnsupported } from "../src/services/GuestRpc.js"
 import { cliBundle, runCli, tempHome, withCliAndSource } from "./cliHelpers.js"
 
 const fake = { ABOX_VMM: "fake", ABOX_SKIP_SCRUB: "1" }
@@ -99,3 +102,11 @@ describe.skipIf(!haveScript || !haveBusybox)(
     }, 180_000)
   }
 )
+
+describe("exec -t against a guest without tty turns", () => {
+  it("the supervisor's TtyUnsupported decodes into its class on the client: exit 101", () => {
+    const error = remoteError({ _tag: "TtyUnsupported", message: "the guest has no tty turns" })
+    expect(error).toBeInstanceOf(TtyUnsupported)
+    expect(exitCodeFor(error._tag)).toBe(101)
+  })
+})
