@@ -6,6 +6,7 @@
  * carries it to the next request; `--model gpt` talks to the OpenAI API the same way.
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
+import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { cliBundle, startCli, tempHome, withCliAndSource } from "./cliHelpers.js"
@@ -186,5 +187,151 @@ describe("prompt turns (fake backend, real broker)", () => {
     const both = await abox(home, ["run", sourceDir(), "-p", "hi", "--", "ls"], {})
     expect(both.code).toBe(64)
     expect(both.stderr).toContain("either --prompt or a shell command")
+  })
+
+  it("a local model server (models.json api chat) on 127.0.0.1: refused without a policy entry, works through resolve with its own key variable", async () => {
+    const home = tempHome()
+    const caFile = path.join(home, "mock-ca.pem")
+    fs.writeFileSync(caFile, mock.caPem)
+    fs.writeFileSync(
+      path.join(home, "models.json"),
+      JSON.stringify({
+        format: 1,
+        models: {
+          local: {
+            provider: "openai",
+            api: "chat",
+            id: "qwen-local",
+            endpoint: "https://llm.local:8443/v1",
+            apiKeyEnv: null
+          },
+          // llama.cpp's and vLLM's --api-key: the broker terminates TLS and adds it, like a provider's
+          localkey: {
+            provider: "openai",
+            api: "chat",
+            id: "qwen-local",
+            endpoint: "https://llm.local:8443/v1",
+            apiKeyEnv: "LOCAL_LLM_KEY"
+          }
+        }
+      })
+    )
+    const policy = (allow: ReadonlyArray<unknown>) =>
+      fs.writeFileSync(
+        path.join(home, "broker.json"),
+        JSON.stringify({
+          format: 1,
+          allow,
+          resolve: { "llm.local": `127.0.0.1:${mock.port}` },
+          upstreamCaFiles: [caFile]
+        })
+      )
+    // without the allow entry the broker refuses the local server, and the turn says so
+    policy([])
+    const before = mock.requests.length
+    const refused = await abox(home, ["run", sourceDir(), "--model", "local", "--json", "-p", "hi"], {})
+    expect(mock.requests.length).toBe(before)
+    const end = jsonEvents(refused.stdout).find((e) => e.kind === "agent_end")
+    expect(end).toMatchObject({ kind: "agent_end", reason: "error" })
+    expect(String(end?.message)).toContain("llm.local")
+
+    // with a key variable the entry's broker rule allows llm.local:8443 and adds the key; the
+    // policy's resolve pins the name to the local server
+    mock.push(
+      { kind: "tools", text: "Listing.", calls: [{ name: "shell", input: { command: "echo from-tool" } }] },
+      { kind: "text", chunks: ["local ", "answer"], usage: { input: 40, output: 8 } }
+    )
+    const run = await abox(home, ["run", sourceDir(), "--model", "localkey", "--json", "-p", "say hello"], {
+      OPENAI_API_KEY: "sk-not-this-one",
+      LOCAL_LLM_KEY: CANARY
+    })
+    expect(run.stderr).toBe("")
+    expect(run.code).toBe(0)
+    const events = jsonEvents(run.stdout)
+    expect(events.filter((e) => e.kind === "tool_result").map((e) => [e.name, e.isError])).toEqual([
+      ["shell", false]
+    ])
+    expect(
+      events
+        .filter((e) => e.kind === "text")
+        .map((e) => e.delta)
+        .join("")
+    ).toBe("Listing.local answer")
+    expect(events.at(-1)).toMatchObject({ kind: "agent_end", reason: "done", steps: 2 })
+    const requests = mock.requests.slice(before)
+    expect(requests.map((r) => r.path)).toEqual(["/v1/chat/completions", "/v1/chat/completions"])
+    expect((requests[0]!.body as { model: string }).model).toBe("qwen-local")
+    // the entry's own key variable, never OPENAI_API_KEY
+    expect(requests.map((r) => r.headers["authorization"])).toEqual([`Bearer ${CANARY}`, `Bearer ${CANARY}`])
+    // the tool's output went back as a tool message
+    expect(JSON.stringify(requests[1]!.body)).toContain("from-tool")
+  })
+})
+
+describe("prompt turns in a detached session (fake backend, real broker, real processes)", () => {
+  it("abox exec -p runs a model turn in the running session; attach lines are prompts, !cmd a shell command", async () => {
+    const home = setUpHome()
+    const env = { ANTHROPIC_API_KEY: CANARY }
+    const started = await abox(home, ["start", sourceDir(), "--name", "agentd"], env)
+    expect(started.code).toBe(0)
+    try {
+      mock.push(
+        { kind: "tools", calls: [{ name: "shell", input: { command: "echo tool-ran" } }] },
+        { kind: "text", chunks: ["Done ", "over the socket."] }
+      )
+      const before = mock.requests.length
+      const json = await abox(home, ["exec", "agentd", "--json", "-p", "run something"], {})
+      expect(json.code).toBe(0)
+      const events = jsonEvents(json.stdout)
+      expect(events.find((e) => e.kind === "tool_result")).toMatchObject({ name: "shell", isError: false })
+      expect(String(events.find((e) => e.kind === "tool_result")!.output)).toContain("tool-ran")
+      expect(events.at(-1)).toMatchObject({ kind: "agent_end", reason: "done" })
+      expect(mock.requests.length - before).toBe(2)
+      // the supervisor's broker adds the key (the exec process has none)
+      expect(mock.requests.at(-1)!.headers["x-api-key"]).toBe(CANARY)
+
+      // rendered like run -p: the answer on stdout
+      mock.push({ kind: "text", chunks: ["plain answer"] })
+      const plain = await abox(home, ["exec", "agentd", "--prompt", "again"], {})
+      expect(plain.code).toBe(0)
+      expect(plain.stdout).toContain("plain answer")
+      // the conversation is the session's: the second prompt carries the first
+      expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("run something")
+
+      // usage errors before any connection
+      const both = await abox(home, ["exec", "agentd", "-p", "hi", "--", "ls"], {})
+      expect(both.code).toBe(64)
+      const withEnv = await abox(home, ["exec", "agentd", "-e", "A=1", "-p", "hi"], {})
+      expect(withEnv.code).toBe(64)
+
+      // attach: a line is a prompt, !cmd a shell command (as in abox open)
+      mock.push({ kind: "text", chunks: ["attached answer"] })
+      const attach = spawn(process.execPath, [cliBundle, "attach", "agentd"], {
+        env: {
+          PATH: process.env.PATH ?? "",
+          HOME: path.join(home, "user"),
+          ABOX_HOME: home,
+          ABOX_VMM: "fake"
+        },
+        stdio: ["pipe", "pipe", "pipe"]
+      })
+      let out = ""
+      let err = ""
+      attach.stdout.on("data", (d: Buffer) => (out += d.toString()))
+      attach.stderr.on("data", (d: Buffer) => (err += d.toString()))
+      const exited = new Promise<number | null>((resolve) => attach.on("exit", (code) => resolve(code)))
+      // one line at a time: the turns of one typist queue in order
+      attach.stdin.write("!echo shell-$((40 + 2))\nwhat now?\n")
+      attach.stdin.end()
+      expect(await exited).toBe(0)
+      expect(out).toContain("shell-42\n")
+      expect(out).toContain("attached answer")
+      expect(err).toContain("· turn 3: echo shell-$((40 + 2))")
+      expect(err).toContain("· turn 4: what now?")
+      expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("what now?")
+    } finally {
+      const stopped = await abox(home, ["stop", "agentd"], {})
+      expect(stopped.code).toBe(0)
+    }
   })
 })

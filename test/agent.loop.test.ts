@@ -29,7 +29,21 @@ const repo = () => {
   return dir
 }
 
-const spec = (provider: ModelSpec["provider"]): ModelSpec => ({
+/** "chat": an OpenAI-compatible server's Chat Completions API (`api: "chat"`) */
+type Flavor = ModelSpec["provider"] | "chat"
+
+const spec = (flavor: Flavor): ModelSpec => {
+  if (flavor === "chat") {
+    return {
+      provider: "openai",
+      api: "chat",
+      id: "local-test",
+      endpoint: `https://localhost:${mock.port}/v1`
+    }
+  }
+  return specOf(flavor)
+}
+const specOf = (provider: ModelSpec["provider"]): ModelSpec => ({
   provider,
   id: provider === "anthropic" ? "claude-test" : "gpt-test",
   endpoint: provider === "anthropic" ? `https://localhost:${mock.port}` : `https://localhost:${mock.port}/v1`,
@@ -38,7 +52,7 @@ const spec = (provider: ModelSpec["provider"]): ModelSpec => ({
   outputPrice: 15
 })
 
-const agentFor = (dir: string, provider: ModelSpec["provider"], extra: Partial<ModelAgentOptions> = {}) =>
+const agentFor = (dir: string, provider: Flavor, extra: Partial<ModelAgentOptions> = {}) =>
   createModelAgent({
     spec: spec(provider),
     repoDir: dir,
@@ -55,7 +69,7 @@ const collect = () => {
   return { events, sink: (event: AgentEvent) => void events.push(event) }
 }
 
-describe.each(["anthropic", "openai"] as const)("the agent loop (%s)", (provider) => {
+describe.each(["anthropic", "openai", "chat"] as const)("the agent loop (%s)", (provider) => {
   it("reads, edits, runs the test, answers; the next request carries the results", async () => {
     const dir = repo()
     const agent = agentFor(dir, provider)
@@ -99,6 +113,13 @@ describe.each(["anthropic", "openai"] as const)("the agent loop (%s)", (provider
     // the key the guest sends is the placeholder
     const header = provider === "anthropic" ? "x-api-key" : "authorization"
     expect(String(mock.requests[before]!.headers[header])).toContain("abox-placeholder")
+    expect(mock.requests[before]!.path).toBe(
+      provider === "anthropic"
+        ? "/v1/messages"
+        : provider === "openai"
+          ? "/v1/responses"
+          : "/v1/chat/completions"
+    )
 
     // the conversation survives (context.json): a new agent from its messages carries it on
     const again = agentFor(dir, provider, { messages: agent.messages() })
@@ -118,7 +139,7 @@ describe.each(["anthropic", "openai"] as const)("the agent loop (%s)", (provider
     const first = collect()
     const outcome = await agent.run("hi", first.sink)
     expect(outcome.reason).toBe("error")
-    expect(outcome.message).toContain(spec(provider).hostVariable)
+    expect(outcome.message).toContain(spec(provider).hostVariable ?? "has no key (apiKeyEnv null)")
     expect(first.events.at(-1)).toMatchObject({ kind: "agent_end", reason: "error" })
 
     mock.push(

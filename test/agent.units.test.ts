@@ -17,7 +17,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { agentRenderer } from "../src/cli/agentOutput.js"
-import { compact, estimateTokens, promptTurn } from "../src/guest/model/loop.js"
+import { compact, estimateTokens, promptTurn, SUMMARY_MARK, summaryOf } from "../src/guest/model/loop.js"
 import { AgentToolkit, capText, makeHandlers, resolveRepoPath } from "../src/guest/model/tools.js"
 import type { ModelSpec } from "../src/protocol/GuestConfig.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
@@ -269,9 +269,56 @@ describe("compaction", () => {
   it("when trimming is not enough, the oldest exchanges are dropped at a user turn", () => {
     const { prompt, note } = compact(bigConversation(), 6_000)
     expect(note).toContain("dropped")
-    const first = Prompt.make(prompt).content[0]!
+    const content = Prompt.make(prompt).content
+    const first = content[0]!
     expect(first.role).toBe("user")
-    expect(JSON.stringify(prompt)).not.toContain("question 0")
+    // the first kept turn opens with a deterministic summary of what was dropped
+    const parts = first.role === "user" ? first.content : []
+    const summary = parts[0]?.type === "text" ? parts[0].text : ""
+    expect(summary.startsWith(SUMMARY_MARK)).toBe(true)
+    expect(summary).toContain("- user: question 0")
+    expect(summary).toContain("  - shell: cat big")
+    expect(parts.length).toBe(2)
+    // nothing else of the dropped turns is left
+    expect(JSON.stringify(content.slice(1))).not.toContain("question 0")
+    expect(note).toContain("a short summary kept")
+
+    // compacted again: the earlier summary's lines are carried into the new one, never nested
+    const again = compact(Prompt.merge(prompt, bigConversation()), 6_000).prompt.content[0]!
+    const againParts = again.role === "user" ? again.content : []
+    const text = againParts[0]?.type === "text" ? againParts[0].text : ""
+    expect(text).toContain("- user: question 0")
+    expect(text.split(SUMMARY_MARK)).toHaveLength(2)
+    expect(text.length).toBeLessThanOrEqual(2000)
+  })
+
+  it("summaryOf: files touched by path tools, clipped commands", () => {
+    const text = summaryOf([
+      { role: "user", content: [{ type: "text", text: "fix   it\nplease" }] },
+      {
+        role: "assistant",
+        content: [
+          {
+            type: "tool-call",
+            id: "a",
+            name: "edit_file",
+            params: { path: "src/a.ts" },
+            providerExecuted: false
+          },
+          {
+            type: "tool-call",
+            id: "b",
+            name: "shell",
+            params: { command: "y".repeat(300) },
+            providerExecuted: false
+          }
+        ]
+      }
+    ])
+    expect(text).toContain("- user: fix it please")
+    expect(text).toContain("  - edit_file: src/a.ts")
+    expect(text).toContain(`  - shell: ${"y".repeat(99)}…`)
+    expect(text).toContain("Files touched: src/a.ts")
   })
 })
 

@@ -115,6 +115,63 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
     expect(runCli(home, ["stop", "k"], fake).code).toBe(0)
   }, 180_000)
 
+  it("diff, apply and cp (both ways) on a running session go through its supervisor: no boot, no SessionBusy", async () => {
+    const home = tempHome()
+    expect(runCli(home, ["start", source(), "--name", "rp"], fake).code).toBe(0)
+    try {
+      const changed = runCli(
+        home,
+        ["exec", "rp", "--", "echo changed >> README.md; echo new > new.txt"],
+        fake
+      )
+      expect(changed.code).toBe(0)
+      const diff = runCli(home, ["diff", "rp"], fake)
+      expect(diff.stderr).toBe("")
+      expect(diff.code).toBe(0)
+      expect(diff.stdout).toContain("+changed")
+      expect(diff.stdout).toContain("b/new.txt")
+      expect(runCli(home, ["diff", "rp", "--stat"], fake).stdout).toContain("new.txt")
+
+      // cp out: a relative host path is the client's (resolved here, written by the supervisor)
+      const work = tempHome()
+      const out = spawnSync(process.execPath, [cliBundle, "cp", "rp:new.txt", "got.txt"], {
+        cwd: work,
+        env: envFor(home),
+        encoding: "utf8"
+      })
+      expect(out.status, out.stderr).toBe(0)
+      expect(fs.readFileSync(path.join(work, "got.txt"), "utf8")).toBe("new\n")
+      // an existing destination is refused, nothing written (RepoPathInvalid, 82)
+      const again = runCli(home, ["cp", "rp:README.md", path.join(work, "got.txt")], fake)
+      expect(again.code).toBe(82)
+      expect(fs.readFileSync(path.join(work, "got.txt"), "utf8")).toBe("new\n")
+
+      // cp in: a host file into the session
+      fs.writeFileSync(path.join(work, "in.txt"), "from the host\n")
+      expect(runCli(home, ["cp", path.join(work, "in.txt"), "rp:"], fake).code).toBe(0)
+      expect(runCli(home, ["exec", "rp", "--", "cat in.txt"], fake).stdout).toBe("from the host\n")
+
+      // apply to a copy of the source; a source changed where the patch writes is refused (SourceChanged, 97)
+      const target = tempHome()
+      fs.writeFileSync(path.join(target, "README.md"), "hello\n")
+      const applied = runCli(home, ["apply", "rp", "--to", target, "--json"], fake)
+      expect(applied.code, applied.stderr).toBe(0)
+      expect(JSON.parse(applied.stdout)).toMatchObject({
+        applied: true,
+        paths: ["README.md", "in.txt", "new.txt"]
+      })
+      expect(fs.readFileSync(path.join(target, "README.md"), "utf8")).toBe("hello\nchanged\n")
+      const clash = tempHome()
+      fs.writeFileSync(path.join(clash, "README.md"), "mine\n")
+      const refused = runCli(home, ["apply", "rp", "--to", clash], fake)
+      expect(refused.code).toBe(97)
+      expect(refused.stderr).toContain("changed since the snapshot where the patch writes: README.md")
+      expect(fs.readFileSync(path.join(clash, "README.md"), "utf8")).toBe("mine\n")
+    } finally {
+      expect(runCli(home, ["stop", "rp"], fake).code).toBe(0)
+    }
+  }, 180_000)
+
   it.skipIf(!fs.existsSync(sdkBundle))(
     "SessionManager across processes: one starts detached and exits, another connects by name, runs, lists, stops",
     async () => {
@@ -142,13 +199,23 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
       const { id, out } = JSON.parse(first.stdout) as { id: string; out: string }
       expect(out).toBe("from-first\n")
       const second = script(
-        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
+        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst p = await s.run("say hi", { mode: "prompt" });\nawait s.run("echo sdk > sdk.txt");\nconst d = await s.diff({ stat: true });\nconst out = ${JSON.stringify(path.join(home, "sdk-out.txt"))};\nawait s.files.copyOut("sdk.txt", out);\nconst copied = (await import("node:fs")).readFileSync(out, "utf8");\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], p: p.agentEnd, d: d.includes("sdk.txt"), copied, listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
       )
       expect(second.code, second.stderr).toBe(0)
       const [line1, line2] = second.stdout.trim().split("\n")
       expect(JSON.parse(line1!)).toEqual({
         id,
         r: [4, "hello\n"],
+        // a prompt turn over the socket reaches the model agent (no key here: it ends saying so)
+        p: {
+          kind: "agent_end",
+          reason: "error",
+          steps: 1,
+          message: expect.stringContaining("set ANTHROPIC_API_KEY on the host")
+        },
+        // diff and files.copyOut over the socket (no ControlRefused)
+        d: true,
+        copied: "sdk\n",
         listed: [["shared", true, "number"]],
         stopped: true
       })

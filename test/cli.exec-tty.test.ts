@@ -27,7 +27,7 @@ describe.skipIf(!haveScript || !haveBusybox)(
       const started = runCli(home, ["start", source(), "--name", "t"], fake)
       expect(started.code, started.stderr).toBe(0)
       try {
-        // with piped stdin, -it is a usage error; so is -i alone
+        // with piped stdin, -it is a usage error; so are -i alone and -t with --prompt
         const piped = spawnSync(process.execPath, [cliBundle, "exec", "-it", "t", "--", "sh"], {
           env: { PATH: process.env.PATH ?? "", HOME: path.join(home, "user"), ABOX_HOME: home, ...fake },
           input: "echo hi\n",
@@ -37,6 +37,7 @@ describe.skipIf(!haveScript || !haveBusybox)(
         expect(piped.status, piped.stderr).toBe(64)
         expect(piped.stderr).toContain("the input device is not a TTY")
         expect(runCli(home, ["exec", "-i", "t", "--", "sh"], fake).code).toBe(64)
+        expect(runCli(home, ["exec", "-t", "--prompt", "hi", "t"], fake).code).toBe(64)
 
         const resizeFlag = path.join(home, "resize-now")
         // the guest command: its terminal, then a typed line, then waits until its size changes

@@ -178,3 +178,77 @@ describe("OpenAI Responses API mock", () => {
     await expect(openai().responses.stream({ model: "gpt-x", input: "hi" }).finalResponse()).rejects.toThrow()
   })
 })
+
+describe("OpenAI Chat Completions API mock", () => {
+  const messages = [{ role: "user" as const, content: "hi" }]
+
+  it("streamed text", async () => {
+    mock.push({ kind: "text", chunks: ["Hel", "lo"], usage: { input: 7, output: 3 } })
+    const stream = openai().chat.completions.stream({
+      model: "local-x",
+      messages,
+      stream_options: { include_usage: true }
+    })
+    const deltas: Array<string> = []
+    stream.on("content", (delta) => deltas.push(delta))
+    const completion = await stream.finalChatCompletion()
+    expect(deltas).toEqual(["Hel", "lo"])
+    expect(completion.choices[0]?.message.content).toBe("Hello")
+    expect(completion.choices[0]?.finish_reason).toBe("stop")
+    expect(completion.usage?.prompt_tokens).toBe(7)
+    expect(completion.usage?.completion_tokens).toBe(3)
+    expect(mock.requests.at(-1)?.path).toBe("/v1/chat/completions")
+  })
+
+  it("streamed tool calls (arguments in two deltas each)", async () => {
+    mock.push({
+      kind: "tools",
+      text: "Let me look.",
+      calls: [
+        { id: "call_a", name: "read_file", input: { path: "src/a.ts" } },
+        { id: "call_b", name: "bash", input: { command: "ls" } }
+      ]
+    })
+    const completion = await openai()
+      .chat.completions.stream({ model: "local-x", messages })
+      .finalChatCompletion()
+    const message = completion.choices[0]?.message
+    expect(message?.content).toBe("Let me look.")
+    expect(completion.choices[0]?.finish_reason).toBe("tool_calls")
+    expect(
+      (message?.tool_calls ?? []).map((call) =>
+        call.type === "function" ? [call.id, call.function.name, JSON.parse(call.function.arguments)] : []
+      )
+    ).toEqual([
+      ["call_a", "read_file", { path: "src/a.ts" }],
+      ["call_b", "bash", { command: "ls" }]
+    ])
+  })
+
+  it("plain JSON answers", async () => {
+    mock.push({ kind: "text", chunks: ["done"] })
+    const completion = await openai().chat.completions.create({ model: "local-x", messages })
+    expect(completion.choices[0]?.message.content).toBe("done")
+    expect(completion.object).toBe("chat.completion")
+  })
+
+  it.each([401, 429, 500, 503])("error %d", async (status) => {
+    mock.push({ kind: "error", status, message: `nope ${status}` })
+    const error = await openai()
+      .chat.completions.create({ model: "local-x", messages })
+      .then(
+        () => undefined,
+        (e: unknown) => e
+      )
+    expect(error).toBeInstanceOf(OpenAI.APIError)
+    expect((error as InstanceType<typeof OpenAI.APIError>).status).toBe(status)
+    expect(String((error as Error).message)).toContain(`nope ${status}`)
+  })
+
+  it("a cut stream is an error to the client", async () => {
+    mock.push({ kind: "cut", chunks: ["par", "tial"] })
+    await expect(
+      openai().chat.completions.stream({ model: "local-x", messages }).finalChatCompletion()
+    ).rejects.toThrow()
+  })
+})

@@ -45,6 +45,43 @@ describe("the model catalog", () => {
     expect(brokerRulesFor(local)).toEqual({ allow: [], credentials: [] })
   })
 
+  it("api: chat selects the Chat Completions API (openai entries only)", () => {
+    const catalog = Either.getOrThrow(
+      mergeCatalog(
+        JSON.stringify({
+          format: 1,
+          models: {
+            llama: {
+              provider: "openai",
+              api: "chat",
+              id: "qwen",
+              endpoint: "https://llm.local:8443/v1",
+              apiKeyEnv: null
+            },
+            resp: { provider: "openai", api: "responses", id: "gpt-x" }
+          }
+        })
+      )
+    )
+    expect(resolveModel(catalog, "llama")).toEqual({
+      provider: "openai",
+      api: "chat",
+      id: "qwen",
+      endpoint: "https://llm.local:8443/v1"
+    })
+    expect(resolveModel(catalog, "resp")?.api).toBeUndefined()
+    const bad = mergeCatalog(
+      JSON.stringify({ format: 1, models: { x: { provider: "anthropic", api: "chat", id: "claude-x" } } })
+    )
+    expect(Either.isLeft(bad)).toBe(true)
+    expect(String(Either.isLeft(bad) ? bad.left : "")).toContain("openai entries only")
+    expect(
+      Either.isLeft(
+        mergeCatalog(JSON.stringify({ format: 1, models: { x: { provider: "openai", api: "x", id: "m" } } }))
+      )
+    ).toBe(true)
+  })
+
   it("a models.json that does not decode says why", () => {
     const bad = mergeCatalog(JSON.stringify({ format: 1, models: { x: { provider: "mistral", id: "m" } } }))
     expect(Either.isLeft(bad)).toBe(true)

@@ -25,8 +25,8 @@ import { HttpsBrokerLive } from "../src/layers/HttpsBrokerLive.js"
 import { FakeImages } from "../src/layers/Lifecycle.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
-import type { ControlReply, ControlRequest, TurnRequest } from "../src/protocol/Control.js"
-import { connect, forward, status, statusIfRunning, stop } from "../src/programs/detached.js"
+import { type ControlReply, type ControlRequest, REPO_CHUNK, type TurnRequest } from "../src/protocol/Control.js"
+import { connect, forward, remoteRepo, status, statusIfRunning, stop } from "../src/programs/detached.js"
 import { open, resume } from "../src/programs/session.js"
 import { controlSocketPath, supervise } from "../src/programs/supervisor.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
@@ -111,6 +111,34 @@ describe("detached supervisor (FakeVmm)", () => {
         expect(endOf(envTurn)).toMatchObject({ exitCode: 3, cancelled: false })
         const badEnv = yield* exec("sup", { text: "true", env: { "A-B": "x" } })
         expect(badEnv.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
+        // a prompt turn is the model agent's: env and cwd belong to shell turns
+        const promptWithCwd = yield* exec("sup", { text: "hi", mode: "prompt", cwd: "/" })
+        expect(promptWithCwd.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
+
+        // repository operations: a host path must be absolute (the supervisor's cwd is not the
+        // client's); a diff larger than one line comes back in pieces, whole
+        const relative = yield* Effect.scoped(
+          Effect.gen(function* () {
+            const connection = yield* connect("sup")
+            yield* connection.send({
+              type: "repo",
+              request: { op: "copy_out", guestPath: "README.md", hostPath: "rel.txt" }
+            })
+            return yield* connection.next
+          })
+        )
+        expect(relative).toMatchObject(
+          Option.some({ type: "error", error: { _tag: "ControlError", reason: "bad request" } })
+        )
+        const big = yield* exec("sup", {
+          text: "i=0; while [ $i -lt 60000 ]; do echo line-$i; i=$((i+1)); done > big.txt"
+        })
+        expect(endOf(big)).toMatchObject({ exitCode: 0 })
+        const { text } = yield* remoteRepo("sup", { op: "diff", paths: ["big.txt"] })
+        expect(text.length).toBeGreaterThan(2 * REPO_CHUNK)
+        expect(text).toContain("+line-0\n")
+        expect(text).toContain("+line-59999\n")
+        expect(text.split("\n").filter((l) => l.startsWith("+line-"))).toHaveLength(60000)
 
         // timeout: the turn is cancelled, timedOut says why
         const slow = yield* exec("sup", { text: "sleep 30", timeoutMs: 300 })
@@ -140,7 +168,7 @@ describe("detached supervisor (FakeVmm)", () => {
             )
           })
         )
-        expect(watched[0]).toEqual({ type: "attached", typist: false })
+        expect(watched[0]).toEqual({ type: "attached", typist: false, lines: "prompt" })
         expect(watched[1]).toMatchObject({ type: "turn_started", text: "echo early; sleep 0.5; echo late" })
         expect(stdoutOf(watched)).toBe("early\nlate\n")
         expect(endOf(watched)).toMatchObject({ exitCode: 0 })
@@ -151,10 +179,14 @@ describe("detached supervisor (FakeVmm)", () => {
           Effect.gen(function* () {
             const typist = yield* connect("sup")
             yield* typist.send({ type: "attach", typist: true })
-            expect(yield* typist.next).toEqual(Option.some({ type: "attached", typist: true }))
+            expect(yield* typist.next).toEqual(
+              Option.some({ type: "attached", typist: true, lines: "prompt" })
+            )
             const other = yield* connect("sup")
             yield* other.send({ type: "attach", typist: true })
-            expect(yield* other.next).toEqual(Option.some({ type: "attached", typist: false }))
+            expect(yield* other.next).toEqual(
+              Option.some({ type: "attached", typist: false, lines: "prompt" })
+            )
             yield* other.send({ type: "turn", text: "echo refused" })
             expect(yield* other.next).toMatchObject(
               Option.some({ type: "error", error: { _tag: "ControlError" } })

@@ -20,6 +20,11 @@ export const MODEL_CATALOG_FILE = "models.json"
 
 export const ModelEntry = Schema.Struct({
   provider: Schema.Literal("anthropic", "openai"),
+  /**
+   * openai entries only: `responses` (default, `POST {endpoint}/responses`) or `chat` (the Chat
+   * Completions API, `POST {endpoint}/chat/completions`: llama.cpp, vLLM, Ollama …)
+   */
+  api: Schema.optional(Schema.Literal("responses", "chat")),
   id: Schema.String.pipe(Schema.minLength(1)),
   /** default: the provider's public API */
   endpoint: Schema.optional(Schema.String.pipe(Schema.pattern(/^https?:\/\/[^/\s]+/))),
@@ -33,7 +38,11 @@ export const ModelEntry = Schema.Struct({
   /** US dollars per million input / output tokens */
   inputPrice: Schema.optional(Schema.NonNegative),
   outputPrice: Schema.optional(Schema.NonNegative)
-})
+}).pipe(
+  Schema.filter((entry) =>
+    entry.api === undefined || entry.provider === "openai" ? true : `"api" is for openai entries only`
+  )
+)
 export type ModelEntry = typeof ModelEntry.Type
 
 export const ModelCatalogFile = Schema.Struct({
@@ -140,6 +149,7 @@ export const resolveModel = (catalog: ModelCatalog, alias: string): ModelSpec | 
     return {
       provider: found.provider,
       id: found.id,
+      ...(found.api === "chat" ? { api: "chat" as const } : {}),
       endpoint: found.endpoint ?? PROVIDER_ENDPOINTS[found.provider],
       ...(apiKeyEnv === null ? {} : { hostVariable: apiKeyEnv }),
       ...(found.contextWindow === undefined ? {} : { contextWindow: found.contextWindow }),

@@ -27,6 +27,9 @@ import {
   decodeReply,
   encodeRequest,
   type ErrorFields,
+  MAX_REMOTE_PATCH,
+  type RepoDone,
+  type RepoOp,
   SessionNotRunning,
   type StatusReply
 } from "../protocol/Control.js"
@@ -54,6 +57,13 @@ import {
   SessionStore,
   StoreIoError
 } from "../services/SessionStore.js"
+import {
+  ArchiveRefused,
+  PatchFailed,
+  RepoPathInvalid,
+  RepoToolFailed,
+  SourceChanged
+} from "../services/RepoErrors.js"
 import { VmmError, VmmUnavailable } from "../services/VmmBackend.js"
 import { SessionIncompatible } from "./compat.js"
 import { controlSocketPath } from "./supervisor.js"
@@ -87,6 +97,11 @@ const KnownError = Schema.Union(
   SessionNotRunning,
   ControlError,
   ForwardRefused,
+  ArchiveRefused,
+  SourceChanged,
+  PatchFailed,
+  RepoToolFailed,
+  RepoPathInvalid,
   TtyUnsupported
 )
 export type RemoteError = typeof KnownError.Type | ControlRefused
@@ -367,11 +382,15 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
  * One turn in a running session, as the in-process `Session.turn` gives it: the guest's events,
  * then `End`. Interrupting the stream (leaving a loop early) cancels the turn, as in-process.
  */
-export const remoteTurn = (ref: string, text: string): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
+export const remoteTurn = (
+  ref: string,
+  text: string,
+  mode: "shell" | "prompt" = "shell"
+): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
   Stream.unwrapScoped(
     Effect.gen(function* () {
       const connection = yield* connect(ref)
-      yield* connection.send({ type: "turn", text })
+      yield* connection.send({ type: "turn", text, ...(mode === "prompt" ? { mode } : {}) })
       let ended = false
       yield* Effect.addFinalizer(() =>
         ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)
@@ -448,3 +467,72 @@ export const forward = Effect.fn("detached.forward")(function* (
   // the session closing ends the watching connection
   yield* Effect.raceFirst(serveAll, Stream.runDrain(watch.replies).pipe(Effect.ignore))
 })
+
+// ---- repository operations on a running session ----
+
+/**
+ * A repository operation run by the supervisor of a running session (docs/detached.md
+ * "Repository operations"): host paths made absolute here (the supervisor has its own working
+ * directory); a diff's pieces joined, at most MAX_REMOTE_PATCH characters.
+ */
+export const remoteRepo = (
+  ref: string,
+  request: RepoOp
+): Effect.Effect<{ readonly text: string; readonly done: RepoDone }, RemoteError, SessionStore> =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const absolute: RepoOp =
+        request.op === "apply"
+          ? { ...request, to: path.resolve(request.to) }
+          : request.op === "diff"
+            ? request
+            : { ...request, hostPath: path.resolve(request.hostPath) }
+      const connection = yield* connect(ref)
+      yield* connection.send({ type: "repo", request: absolute })
+      const chunks: Array<string> = []
+      let size = 0
+      while (true) {
+        const next = yield* connection.next
+        if (Option.isNone(next))
+          return yield* new ControlError({
+            reason: "closed",
+            message: "the supervisor closed the connection before the operation ended"
+          })
+        const reply = next.value
+        switch (reply.type) {
+          case "repo_data":
+            size += reply.data.length
+            if (size > MAX_REMOTE_PATCH)
+              return yield* new ControlError({
+                reason: "too large",
+                message: `the diff is larger than ${MAX_REMOTE_PATCH} characters; stop the session and use abox diff on it`
+              })
+            chunks.push(reply.data)
+            break
+          case "repo_done":
+            return { text: chunks.join(""), done: reply }
+          case "error":
+            return yield* Effect.fail(remoteError(reply.error))
+          default:
+            return yield* new ControlError({
+              reason: "protocol",
+              message: `unexpected reply to a repository operation: ${reply.type}`
+            })
+        }
+      }
+    })
+  )
+
+/**
+ * `operation` on a session: through its supervisor when one serves it (`remote`), else on a
+ * connection of its own (booted for it and closed again: `Repo.withConnection`)
+ */
+export const viaSupervisorOr = <A, E, R, B>(
+  ref: string,
+  remote: RepoOp,
+  fromRemote: (result: { readonly text: string; readonly done: RepoDone }) => B,
+  local: Effect.Effect<A, E, R>
+): Effect.Effect<A | B, E | RemoteError, R | SessionStore> =>
+  Effect.flatMap(statusIfRunning(ref), (running): Effect.Effect<A | B, E | RemoteError, R | SessionStore> =>
+    Option.isSome(running) ? Effect.map(remoteRepo(running.value.sessionId, remote), fromRemote) : local
+  )

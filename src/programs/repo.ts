@@ -495,7 +495,7 @@ export const listFiles = Effect.fn("repo.listFiles")(function* (connection: Gues
 /**
  * A stopped session: boots it (Resume), runs `operation` on its connection, closes it. A
  * session another process holds (running) fails `SessionBusy`: its holder runs the operation
- * (the detached session's control socket, once there is one).
+ * (a detached session's supervisor, `viaSupervisorOr` in src/programs/detached.ts).
  */
 export const withConnection = <A, E, R>(
   ref: string,

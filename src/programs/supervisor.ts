@@ -20,6 +20,7 @@ import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import * as SubscriptionRef from "effect/SubscriptionRef"
 import type * as net from "node:net"
+import * as path from "node:path"
 import {
   LineSocket,
   listenUnix,
@@ -38,12 +39,15 @@ import {
   decodeRequest,
   encodeReply,
   errorFields,
+  REPO_CHUNK,
+  type RepoOp,
   type StatusReply,
   type TurnEnded,
   type TurnRequest,
   turnText
 } from "../protocol/Control.js"
 import type { TtyControl } from "../services/GuestRpc.js"
+import * as Repo from "./repo.js"
 import type { Session } from "./session.js"
 
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (src/lib/socketPath.ts) */
@@ -56,6 +60,8 @@ export interface ServeOptions {
   /** close after this long with no client connected and no turn running (default: never) */
   readonly idleTimeout?: Duration.DurationInput | undefined
   /** told once the control socket listens */
+  /** what an attached typist's line is (told in `attached`): "shell" when the session has an agent command */
+  readonly lines?: "prompt" | "shell" | undefined
   readonly onReady?:
     ((info: { readonly sessionId: string; readonly socket: string }) => Effect.Effect<void>) | undefined
 }
@@ -198,7 +204,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
                 )
           const events =
             tty === undefined || controls === undefined
-              ? session.turn(text)
+              ? session.turn(text, request.mode)
               : session.ttyTurn(text, { ...tty, controls })
           const last = yield* events.pipe(
             Stream.interruptWhen(stopper),
@@ -290,7 +296,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
         yield* Effect.addFinalizer(() => Effect.sync(() => (typist = typist === client ? undefined : typist)))
       }
       const subscription = yield* PubSub.subscribe(hub)
-      yield* send({ type: "attached", typist: isTypist })
+      yield* send({ type: "attached", typist: isTypist, lines: options.lines ?? "prompt" })
       // a turn's start tells its typist that it is theirs
       const deliver = (item: Broadcast) =>
         send(
@@ -340,6 +346,59 @@ const serve = Effect.fn("supervisor.serve")(function* (
       )
       yield* Effect.all([up, down], { concurrency: 2, discard: true })
     })
+
+  /**
+   * a `repo` connection: the repository operation on this session's connection, as on a stopped
+   * session (src/programs/repo.ts: the archive checks and the staging happen here, in this
+   * process, before anything lands at the client's host path); a diff comes back in pieces
+   */
+  const repo = (request: RepoOp, send: Send) =>
+    Effect.gen(function* () {
+      const connection = session.connection
+      const hostPaths =
+        request.op === "apply" ? [request.to] : request.op === "diff" ? [] : [request.hostPath]
+      const relative = hostPaths.find((p) => !path.isAbsolute(p))
+      if (relative !== undefined)
+        return yield* new ControlError({
+          reason: "bad request",
+          message: `not an absolute host path: ${relative}`
+        })
+      switch (request.op) {
+        case "diff": {
+          const patch = yield* Repo.diff(connection, { stat: request.stat, paths: request.paths })
+          for (let at = 0; at < patch.length; at += REPO_CHUNK)
+            yield* send({ type: "repo_data", data: patch.slice(at, at + REPO_CHUNK) })
+          return yield* send({ type: "repo_done" })
+        }
+        case "apply": {
+          const touched = yield* Repo.apply(connection, {
+            to: request.to,
+            check: request.check,
+            paths: request.paths
+          })
+          return yield* send({ type: "repo_done", paths: [...touched] })
+        }
+        case "copy_out": {
+          const result = yield* Repo.copyOut(connection, request.guestPath, request.hostPath)
+          return yield* send({
+            type: "repo_done",
+            files: result.files,
+            bytes: result.bytes,
+            path: result.path
+          })
+        }
+        case "copy_in": {
+          const result = yield* Repo.copyIn(connection, request.hostPath, request.guestDir)
+          return yield* send({ type: "repo_done", files: result.files, bytes: result.bytes })
+        }
+      }
+    }).pipe(
+      Effect.catchAll((error) =>
+        error._tag === "ControlError" && error.reason !== "bad request"
+          ? Effect.fail(error)
+          : send({ type: "error", error: errorFields(error) })
+      )
+    )
 
   /** what an attached client may send after `attach` */
   const typed = (client: number, isTypist: boolean, request: ControlRequest, send: Send) => {
@@ -409,6 +468,8 @@ const serve = Effect.fn("supervisor.serve")(function* (
           return yield* attach(client, request.typist, lines, send)
         case "forward":
           return yield* forward(request.port, lines, send)
+        case "repo":
+          return yield* repo(request.request, send)
         case "cancel": {
           const error = new ControlError({
             reason: "bad request",

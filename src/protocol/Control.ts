@@ -41,7 +41,9 @@ export const TurnRequest = msg("turn", {
       cols: Schema.Int.pipe(Schema.between(1, 0xffff)),
       term: Schema.optional(Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9._+-]{1,64}$/)))
     })
-  )
+  ),
+  /** absent or "shell": a shell command (or the agent command); "prompt": the model agent (no env/cwd) */
+  mode: Schema.optional(Schema.Literal("shell", "prompt"))
 })
 /** a tty turn's typed bytes (base64), from the connection that started it */
 export const InputRequest = msg("input", {
@@ -62,6 +64,29 @@ export const StopRequest = msg("stop", {})
 /** a byte stream to 127.0.0.1:<port> in the guest */
 export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.between(1, 65535)) })
 
+/**
+ * A repository operation run by the supervisor on its connection (docs/detached.md "Repository
+ * operations"): the same programs as on a stopped session. Host paths are absolute (the client
+ * resolves them); the supervisor, the same user on the same host, reads and writes them itself.
+ */
+export const RepoOp = Schema.Union(
+  Schema.Struct({
+    op: Schema.Literal("diff"),
+    stat: Schema.optional(Schema.Boolean),
+    paths: Schema.optional(Schema.Array(Schema.String))
+  }),
+  Schema.Struct({
+    op: Schema.Literal("apply"),
+    to: Schema.String,
+    check: Schema.optional(Schema.Boolean),
+    paths: Schema.optional(Schema.Array(Schema.String))
+  }),
+  Schema.Struct({ op: Schema.Literal("copy_out"), guestPath: Schema.String, hostPath: Schema.String }),
+  Schema.Struct({ op: Schema.Literal("copy_in"), hostPath: Schema.String, guestDir: Schema.String })
+)
+export type RepoOp = typeof RepoOp.Type
+export const RepoRequest = msg("repo", { request: RepoOp })
+
 export const ControlRequest = Schema.Union(
   StatusRequest,
   TurnRequest,
@@ -71,7 +96,8 @@ export const ControlRequest = Schema.Union(
   ForwardRequest,
   InputRequest,
   ResizeRequest,
-  SignalRequest
+  SignalRequest,
+  RepoRequest
 )
 export type ControlRequest = typeof ControlRequest.Type
 export type TurnRequest = typeof TurnRequest.Type
@@ -111,7 +137,12 @@ export const TurnEnded = msg("turn_end", {
 export type TurnEnded = typeof TurnEnded.Type
 export const Attached = msg("attached", {
   /** this client types (its `turn` lines are run); false: it watches */
-  typist: Schema.Boolean
+  typist: Schema.Boolean,
+  /**
+   * what a typed line is in this session (`!cmd` is always a shell command): "prompt" for the
+   * model agent, "shell" when the session has an agent command (`--agent`); absent: "prompt"
+   */
+  lines: Schema.optional(Schema.Literal("prompt", "shell"))
 })
 export const Stopping = msg("stopping", { pid: Schema.Number })
 export const ForwardOk = msg("forward_ok", { port: Schema.Number })
@@ -124,6 +155,21 @@ export type ErrorFields = typeof ErrorFields.Type
 /** a typed error (its `_tag` is the tag the CLI maps to an exit code) */
 export const ControlErrorMsg = msg("error", { error: ErrorFields })
 
+/** a piece of a repository operation's text (a diff), in order; at most REPO_CHUNK characters */
+export const RepoData = msg("repo_data", { data: Schema.String })
+/** a repository operation's end: what it did (apply: `paths`; cp: `files`, `bytes`, cp out: `path`) */
+export const RepoDone = msg("repo_done", {
+  paths: Schema.optional(Schema.Array(Schema.String)),
+  files: Schema.optional(Schema.Number),
+  bytes: Schema.optional(Schema.Number),
+  path: Schema.optional(Schema.String)
+})
+export type RepoDone = typeof RepoDone.Type
+/** characters per `repo_data` line: JSON escaping at most sextuples them, below MAX_CONTROL_LINE */
+export const REPO_CHUNK = 256 * 1024
+/** the most diff text a client accepts over the socket (a bound against a runaway patch) */
+export const MAX_REMOTE_PATCH = 256 * 1024 * 1024
+
 export const ControlReply = Schema.Union(
   StatusReply,
   TurnStarted,
@@ -132,7 +178,9 @@ export const ControlReply = Schema.Union(
   Attached,
   Stopping,
   ForwardOk,
-  ControlErrorMsg
+  ControlErrorMsg,
+  RepoData,
+  RepoDone
 )
 export type ControlReply = typeof ControlReply.Type
 
@@ -195,6 +243,10 @@ export const turnText = (request: TurnRequest): string | { readonly invalid: str
   const env = Object.entries(request.env ?? {})
   const bad = env.find(([name]) => !ENV_NAME.test(name))
   if (bad !== undefined) return { invalid: `not an environment variable name: ${bad[0]}` }
+  if (request.mode === "prompt" && (env.length > 0 || request.cwd !== undefined))
+    return { invalid: "a prompt turn takes no environment or working directory (they are for shell turns)" }
+  if (request.mode === "prompt" && request.tty !== undefined)
+    return { invalid: "a prompt turn has no terminal (-t is for shell turns)" }
   if (env.length === 0 && request.cwd === undefined) return request.text
   const exports = env.map(([name, value]) => `export ${name}=${shellQuote(value)}\n`).join("")
   const cd = request.cwd !== undefined ? `cd ${shellQuote(request.cwd)} || exit 126\n` : ""

@@ -20,6 +20,8 @@ export const AgentCommand = Schema.Struct({
  */
 export const ModelSpec = Schema.Struct({
   provider: Schema.Literal("anthropic", "openai"),
+  /** openai only: `chat` speaks the Chat Completions API (absent: the Responses API) */
+  api: Schema.optional(Schema.Literal("responses", "chat")),
   /** the provider's model id */
   id: Schema.String,
   /** base URL: Anthropic `https://api.anthropic.com`, OpenAI (or compatible) `…/v1` */

@@ -346,10 +346,8 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
   let closed = false
   const turn = (text: string, options?: TurnOptions) => {
     if (closed) throw new Error(`session handle ${id} is closed`)
-    // the supervisor's control socket carries shell turns only, so far
-    if (options?.mode === "prompt")
-      throw new Error(`prompt turns are not yet served over a detached session's socket (${id})`)
-    return iterableOf(() => Detached.remoteTurn(id, text))
+    // shell and prompt turns go the same way: the supervisor runs them on its session
+    return iterableOf(() => Detached.remoteTurn(id, text, options?.mode ?? "shell"))
   }
   const close = async () => {
     closed = true
@@ -367,15 +365,24 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
       return closed
     },
     [Symbol.asyncDispose]: close,
-    // the repository operations are not on the control socket yet: a typed refusal, not a hang
-    diff: () => notOverControl(id),
-    apply: () => notOverControl(id),
+    // diff, apply and cp go over the control socket: the supervisor runs them on its connection
+    diff: (options) => run(Effect.map(Detached.remoteRepo(id, { op: "diff", ...options }), (r) => r.text)),
+    apply: (options) =>
+      run(
+        Effect.map(
+          Detached.remoteRepo(id, { ...options, op: "apply", to: options?.to ?? meta.source }),
+          (r) => r.done.paths ?? []
+        )
+      ),
     files: {
+      // single files' bytes are not carried by the control socket: a typed refusal, not a hang
       read: () => notOverControl(id),
       write: () => notOverControl(id),
       list: () => notOverControl(id),
-      copyOut: () => notOverControl(id),
-      copyIn: () => notOverControl(id)
+      copyOut: (guestPath, hostPath) =>
+        run(Effect.asVoid(Detached.remoteRepo(id, { op: "copy_out", guestPath, hostPath }))),
+      copyIn: (hostPath, guestDir) =>
+        run(Effect.asVoid(Detached.remoteRepo(id, { op: "copy_in", hostPath, guestDir })))
     }
   }
 }
@@ -384,7 +391,7 @@ const notOverControl = (id: string): Promise<never> =>
   Promise.reject(
     new ControlRefused({
       tag: "Unsupported",
-      message: `session ${id} is held by a supervisor: diff, apply and files do not go over its control socket yet (stop it, then use diff/apply on the stopped session)`
+      message: `session ${id} is held by a supervisor: files.read/write/list do not go over its control socket (use files.copyOut/copyIn, or stop it)`
     })
   )
 

@@ -7,6 +7,9 @@
  *   else one JSON message), errors as `{type:"error", error:{type, message}}`.
  * - OpenAI Responses API (what @effect/ai-openai calls): `POST /v1/responses` (SSE events
  *   `response.*`, else one JSON response), errors as `{error:{message, type, code}}`.
+ * - OpenAI Chat Completions API (what OpenAI-compatible local servers speak):
+ *   `POST /v1/chat/completions` (SSE `chat.completion.chunk`s with `tool_calls` deltas, then
+ *   `data: [DONE]`; else one `chat.completion`), errors as the Responses API's.
  *
  * Each request takes the next step of the script; every request is recorded (method, path,
  * headers, parsed body) for assertions. Nothing is echoed back from a request's headers.
@@ -69,7 +72,7 @@ export interface MockRequest {
   readonly body: unknown
 }
 
-export type Provider = "anthropic" | "openai"
+export type Provider = "anthropic" | "openai" | "chat"
 
 const sse = (event: string, data: unknown): string => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`
 
@@ -420,6 +423,107 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
     res.end()
   }
 
+  const chat = async (req: MockRequest, res: ServerResponse, step: MockStep) => {
+    // errors have the same shape on both OpenAI APIs
+    if (step.kind === "error") return openai(req, res, step)
+    const body = (req.body ?? {}) as { model?: string; stream?: boolean }
+    const model = body.model ?? "mock-model"
+    const id = `chatcmpl-${String(counter()).padStart(4, "0")}`
+    const created = Math.floor(Date.now() / 1000)
+    const usage = step.kind === "text" || step.kind === "tools" ? step.usage : undefined
+    const chatUsage = {
+      prompt_tokens: usage?.input ?? 10,
+      completion_tokens: usage?.output ?? 5,
+      total_tokens: (usage?.input ?? 10) + (usage?.output ?? 5)
+    }
+    const chunks = step.kind === "tools" ? (step.text === undefined ? [] : [step.text]) : step.chunks
+    const calls =
+      step.kind === "tools"
+        ? step.calls.map((call) => ({
+            id: call.id ?? `call_${String(counter()).padStart(4, "0")}`,
+            type: "function" as const,
+            function: { name: call.name, arguments: JSON.stringify(call.input) }
+          }))
+        : []
+    const finish = calls.length > 0 ? "tool_calls" : "stop"
+    if (body.stream !== true) {
+      res.writeHead(200, { "content-type": "application/json" })
+      res.end(
+        JSON.stringify({
+          id,
+          object: "chat.completion",
+          created,
+          model,
+          choices: [
+            {
+              index: 0,
+              message: {
+                role: "assistant",
+                content: chunks.length === 0 ? null : chunks.join(""),
+                refusal: null,
+                ...(calls.length > 0 ? { tool_calls: calls } : {})
+              },
+              logprobs: null,
+              finish_reason: finish
+            }
+          ],
+          usage: chatUsage
+        })
+      )
+      return
+    }
+    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" })
+    const chunk = (
+      delta: Record<string, unknown>,
+      finishReason: string | null,
+      extra: Record<string, unknown> = {}
+    ) =>
+      res.write(
+        `data: ${JSON.stringify({
+          id,
+          object: "chat.completion.chunk",
+          created,
+          model,
+          system_fingerprint: null,
+          choices: [{ index: 0, delta, logprobs: null, finish_reason: finishReason }],
+          ...extra
+        })}\n\n`
+      )
+    chunk({ role: "assistant", content: "" }, null)
+    for (const text of chunks) {
+      if (step.kind === "text" && step.delayMs !== undefined) await sleep(step.delayMs)
+      if (res.destroyed) return
+      chunk({ content: text }, null)
+    }
+    if (step.kind === "cut") return cut(res)
+    if (step.kind === "hang") return
+    for (const [index, call] of calls.entries()) {
+      const args = call.function.arguments
+      const half = Math.floor(args.length / 2)
+      chunk(
+        {
+          tool_calls: [
+            {
+              index,
+              id: call.id,
+              type: "function",
+              function: { name: call.function.name, arguments: args.slice(0, half) }
+            }
+          ]
+        },
+        null
+      )
+      chunk({ tool_calls: [{ index, function: { arguments: args.slice(half) } }] }, null)
+    }
+    chunk({}, finish)
+    // the usage chunk (stream_options.include_usage): no choices
+    res.write(
+      `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created, model, system_fingerprint: null, choices: [], usage: chatUsage })}\n\n`
+    )
+    if (step.kind === "text" && step.endDelayMs !== undefined) await sleep(step.endDelayMs)
+    res.end("data: [DONE]\n\n")
+  }
+
   const server = https.createServer(
     {
       cert: first.certPem,
@@ -462,7 +566,9 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
             ? "anthropic"
             : url.pathname === "/v1/responses"
               ? "openai"
-              : undefined
+              : url.pathname === "/v1/chat/completions"
+                ? "chat"
+                : undefined
         if (provider === undefined || req.method !== "POST") {
           res.writeHead(404, { "content-type": "application/json" })
           res.end(JSON.stringify({ error: { message: `no route ${req.method} ${url.pathname}` } }))
@@ -473,9 +579,8 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
           status: 500,
           message: "the mock's script is exhausted"
         }
-        void (provider === "anthropic" ? anthropic(recorded, res, step) : openai(recorded, res, step)).catch(
-          () => res.destroy()
-        )
+        const serve = provider === "anthropic" ? anthropic : provider === "chat" ? chat : openai
+        void serve(recorded, res, step).catch(() => res.destroy())
       })
     }
   )

@@ -7,6 +7,7 @@ import * as Console from "effect/Console"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as SubscriptionRef from "effect/SubscriptionRef"
 import * as fs from "node:fs"
@@ -23,8 +24,9 @@ import {
   stop,
   type SuperviseSpec
 } from "../../programs/detached.js"
-import { InvalidOption, open, resume, type Session } from "../../programs/session.js"
+import { open, resume, type Session } from "../../programs/session.js"
 import { supervise } from "../../programs/supervisor.js"
+import { parseLine } from "../interactive.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
@@ -104,6 +106,7 @@ export const superviseCommand = Command.make(
             ? open({ ...boot, source: source.source, name: source.name, image: source.image })
             : resume(spec.resume ?? "", boot)
         const reason = yield* supervise(acquire, {
+          lines: spec.agent !== undefined && spec.agent.length > 0 ? "shell" : "prompt",
           idleTimeout: spec.idleTimeoutMs === undefined ? undefined : Duration.millis(spec.idleTimeoutMs),
           onReady: (ready) =>
             Effect.zipRight(
@@ -238,6 +241,28 @@ const exitStatus = (end: Extract<ControlReply, { type: "turn_end" }>): number =>
     ? 124
     : turnExitCode({ _tag: "End", exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled })
 
+/** a usage error found in a handler (not by the parser): rendered and exits 64 like the parser's */
+class ExecUsageError extends Schema.TaggedError<ExecUsageError>()("ValidationError", {
+  message: Schema.String
+}) {}
+
+/** `--prompt` (a model-agent turn, no -e/-w) or the command after `--`, never both */
+const execTurnOf = (args: {
+  readonly prompt: Option.Option<string>
+  readonly turn: ReadonlyArray<string>
+  readonly env: ReadonlyArray<string>
+  readonly workdir: Option.Option<string>
+}): Effect.Effect<{ readonly text: string; readonly mode?: "prompt" }, ExecUsageError> => {
+  if (Option.isNone(args.prompt)) return Effect.succeed({ text: args.turn.join(" ") })
+  if (args.turn.length > 0)
+    return Effect.fail(
+      new ExecUsageError({ message: "give either --prompt or a command after --, not both" })
+    )
+  if (args.env.length > 0 || Option.isSome(args.workdir))
+    return Effect.fail(new ExecUsageError({ message: "-e and -w are for shell commands, not --prompt" }))
+  return Effect.succeed({ text: args.prompt.value, mode: "prompt" as const })
+}
+
 /** `exec -t`: the local terminal's size (stdout's, as the output goes there; 24×80 otherwise) and TERM */
 const localTty = () => {
   const out = process.stdout
@@ -316,6 +341,11 @@ export const execCommand = Command.make(
       Options.withAlias("i"),
       Options.withDescription("with -t: send what is typed here to the command (this terminal in raw mode)")
     ),
+    prompt: Options.text("prompt").pipe(
+      Options.withAlias("p"),
+      Options.optional,
+      Options.withDescription("a turn for the model agent (instead of a command after --)")
+    ),
     json,
     turn: Args.text({ name: "cmd" }).pipe(Args.repeated, Args.withDescription("the command, after --"))
   },
@@ -324,21 +354,22 @@ export const execCommand = Command.make(
       Effect.scoped(
         Effect.gen(function* () {
           const env = yield* envPairs(args.env)
+          const turn = yield* execTurnOf(args)
+          if (args.tty && turn.mode === "prompt")
+            return yield* new ExecUsageError({ message: "-t is for shell commands, not --prompt" })
           if (args.interactive && !args.tty)
-            return yield* new InvalidOption({
-              option: "-i",
+            return yield* new ExecUsageError({
               message: "-i needs -t: typed input goes to a command on a pseudo-terminal (exec -it)"
             })
           if (args.interactive && process.stdin.isTTY !== true)
-            return yield* new InvalidOption({
-              option: "-t",
+            return yield* new ExecUsageError({
               message: "the input device is not a TTY (exec -it needs a terminal on stdin; drop -t or -i)"
             })
           const tty = args.tty ? localTty() : undefined
           const connection = yield* connect(args.ref)
           yield* connection.send({
             type: "turn",
-            text: args.turn.join(" "),
+            ...turn,
             ...(tty !== undefined ? { tty } : {}),
             ...(args.env.length > 0 ? { env } : {}),
             ...(Option.isSome(args.workdir) ? { cwd: args.workdir.value } : {}),
@@ -410,7 +441,11 @@ export const execCommand = Command.make(
         })
       )
     )
-).pipe(Command.withDescription("run a command in a running session (abox start); exits with its status"))
+).pipe(
+  Command.withDescription(
+    "run a command (after --) or a model-agent turn (--prompt) in a running session (abox start); exits with its status"
+  )
+)
 
 // ---- stop ----
 
@@ -434,7 +469,7 @@ export const stopCommand = Command.make(
 // ---- attach ----
 
 const HELP =
-  "type a command and press Enter · Ctrl-C cancels your running turn · Ctrl-D or /detach leaves (the session keeps running)"
+  "type a prompt for the agent (a turn for the agent command if the session has one) and press Enter · !cmd runs a shell command · Ctrl-C cancels your running turn · Ctrl-D or /detach leaves (the session keeps running)"
 
 export const attachCommand = Command.make(
   "attach",
@@ -458,6 +493,8 @@ export const attachCommand = Command.make(
             })
           if (first.value.type === "error") return yield* remoteError(first.value.error)
           const typist = first.value.type === "attached" && first.value.typist
+          // a typed line: `!cmd` a shell command, else a prompt (a turn for the agent command if it has one)
+          const lines = (first.value.type === "attached" ? first.value.lines : undefined) ?? "prompt"
           process.stderr.write(
             `abox: attached to ${connection.sessionId} (${typist ? "you type" : "watching"})\n${typist ? HELP + "\n" : ""}`
           )
@@ -486,12 +523,16 @@ export const attachCommand = Command.make(
             Stream.runForEach((line) => {
               if (!typist) return Effect.void
               if (line === "\u0003") return connection.send({ type: "cancel" })
-              const text = line.trim()
-              return text === ""
+              const turn = parseLine(line.trim(), lines)
+              return turn.text === ""
                 ? prompt()
                 : Effect.zipRight(
                     SubscriptionRef.update(outstanding, (n) => n + 1),
-                    connection.send({ type: "turn", text })
+                    connection.send({
+                      type: "turn",
+                      text: turn.text,
+                      ...(turn.mode === "prompt" ? { mode: "prompt" } : {})
+                    })
                   )
             }),
             Effect.zipRight(

@@ -5,6 +5,7 @@ import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
+import { viaSupervisorOr } from "../../programs/detached.js"
 import * as Repo from "../../programs/repo.js"
 import { escapeControl } from "../../lib/text.js"
 import { RepoPathInvalid } from "../../services/RepoErrors.js"
@@ -40,8 +41,14 @@ export const diffCommand = Command.make(
   (args) =>
     edge({ json: false })(
       Effect.gen(function* () {
-        const patch = yield* Repo.withConnection(args.ref, (connection) =>
-          Repo.diff(connection, { stat: args.stat, paths: args.paths })
+        // a running session's supervisor runs it; else the session boots for it
+        const patch = yield* viaSupervisorOr(
+          args.ref,
+          { op: "diff", stat: args.stat, paths: args.paths },
+          (remote) => remote.text,
+          Repo.withConnection(args.ref, (connection) =>
+            Repo.diff(connection, { stat: args.stat, paths: args.paths })
+          )
         )
         if (Option.isSome(args.output)) {
           const file = args.output.value
@@ -83,8 +90,13 @@ export const applyCommand = Command.make(
     edge({ json: args.json })(
       Effect.gen(function* () {
         const to = Option.isSome(args.to) ? args.to.value : yield* Repo.recordedSource(args.ref)
-        const touched = yield* Repo.withConnection(args.ref, (connection) =>
-          Repo.apply(connection, { to, check: args.check, paths: args.paths })
+        const touched = yield* viaSupervisorOr(
+          args.ref,
+          { op: "apply", to, check: args.check, paths: args.paths },
+          (remote) => remote.done.paths ?? [],
+          Repo.withConnection(args.ref, (connection) =>
+            Repo.apply(connection, { to, check: args.check, paths: args.paths })
+          )
         )
         if (args.json) return yield* printJson({ applied: !args.check, to, paths: touched })
         yield* Console.error(
@@ -132,11 +144,21 @@ export const cpCommand = Command.make(
         }
         const result =
           from !== undefined
-            ? yield* Repo.withConnection(from.ref, (connection) =>
-                Repo.copyOut(connection, from.path, args.to)
+            ? yield* viaSupervisorOr(
+                from.ref,
+                { op: "copy_out", guestPath: from.path, hostPath: args.to },
+                (remote) => ({
+                  files: remote.done.files ?? 0,
+                  bytes: remote.done.bytes ?? 0,
+                  path: remote.done.path ?? args.to
+                }),
+                Repo.withConnection(from.ref, (connection) => Repo.copyOut(connection, from.path, args.to))
               )
-            : yield* Repo.withConnection(to!.ref, (connection) =>
-                Repo.copyIn(connection, args.from, to!.path)
+            : yield* viaSupervisorOr(
+                to!.ref,
+                { op: "copy_in", hostPath: args.from, guestDir: to!.path },
+                (remote) => ({ files: remote.done.files ?? 0, bytes: remote.done.bytes ?? 0 }),
+                Repo.withConnection(to!.ref, (connection) => Repo.copyIn(connection, args.from, to!.path))
               )
         if (args.json) return yield* printJson(result)
         yield* Console.error(`abox: copied ${result.files} file(s), ${result.bytes} bytes`)

@@ -33,6 +33,7 @@ import type { ModelSpec } from "../../protocol/GuestConfig.js"
 import type { AgentEvent } from "../../protocol/Messages.js"
 import { CREDENTIAL_PLACEHOLDER } from "../connectProxy.js"
 import type { TurnUser } from "../user.js"
+import * as ChatLanguageModel from "./chat.js"
 import { DEFAULT_MAX_STEPS, messagesOf, promptFromMessages, promptTurn, type Conversation } from "./loop.js"
 import { AgentToolkit, killAllTools, makeHandlers } from "./tools.js"
 
@@ -77,13 +78,16 @@ const DENY_HEADER = /^x-abox-deny-reason:\s*(.*)$/im
  * An undici connector: CONNECT host:port through the proxy (or a direct socket), then TLS for
  * https. A refusal's reason (the broker's, in X-Abox-Deny-Reason) is kept for the error message.
  */
-const tunnelConnector =
-  (
-    proxyPort: number | undefined,
-    ca: ReadonlyArray<string>,
-    onRefusal: (why: string) => void
-  ): buildConnector.connector =>
-  (options, callback) => {
+const tunnelConnector = (
+  proxyPort: number | undefined,
+  ca: ReadonlyArray<string>,
+  onRefusal: (why: string) => void
+): buildConnector.connector => {
+  // built once, on the first connection: parsing the ~150 roots for every TLS connection was the
+  // largest item of the agent's own CPU profile after module loading
+  let secureContext: tls.SecureContext | undefined
+  const context = () => (secureContext ??= tls.createSecureContext({ ca: [...ca] }))
+  return (options, callback) => {
     const host = options.hostname
     const port = Number(options.port) || (options.protocol === "https:" ? 443 : 80)
     const secure = (socket: net.Socket) => {
@@ -91,7 +95,7 @@ const tunnelConnector =
       const tlsSocket = tls.connect({
         socket,
         servername: options.servername ?? host,
-        ca: [...ca],
+        secureContext: context(),
         ALPNProtocols: ["http/1.1"]
       })
       tlsSocket.once("secureConnect", () => callback(null, tlsSocket))
@@ -137,6 +141,7 @@ const tunnelConnector =
     }
     socket.on("data", onData)
   }
+}
 
 /**
  * Streamed answers end with an event the provider client stops at (`message_stop`,
@@ -186,10 +191,17 @@ const languageModelLayer = (spec: ModelSpec, http: Layer.Layer<HttpClient.HttpCl
       config: { max_tokens: spec.outputLimit ?? 8192 }
     }).pipe(Layer.provide(AnthropicClient.layer({ apiKey, apiUrl: spec.endpoint })), Layer.provide(http))
   }
+  const client = OpenAiClient.layer({ apiKey, apiUrl: spec.endpoint })
+  if (spec.api === "chat") {
+    return ChatLanguageModel.layer({ model: spec.id, maxTokens: spec.outputLimit }).pipe(
+      Layer.provide(client),
+      Layer.provide(http)
+    )
+  }
   return OpenAiLanguageModel.layer({
     model: spec.id,
     ...(spec.outputLimit === undefined ? {} : { config: { max_output_tokens: spec.outputLimit } })
-  }).pipe(Layer.provide(OpenAiClient.layer({ apiKey, apiUrl: spec.endpoint })), Layer.provide(http))
+  }).pipe(Layer.provide(client), Layer.provide(http))
 }
 
 export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {

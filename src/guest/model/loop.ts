@@ -69,9 +69,73 @@ export const messagesOf = (prompt: Prompt.Prompt): ReadonlyArray<unknown> => enc
 export const estimateTokens = (prompt: Prompt.Prompt): number =>
   Math.ceil(JSON.stringify(encodePrompt(prompt)).length / 4)
 
+export const SUMMARY_MARK = "[Earlier conversation, dropped to fit the context window."
+const SUMMARY_MAX_CHARS = 2000
+
+const clip = (text: string, max: number): string => {
+  const line = text.replace(/\s+/g, " ").trim()
+  return line.length > max ? `${line.slice(0, max - 1)}…` : line
+}
+
+type UserContent = Extract<Prompt.MessageEncoded, { role: "user" }>["content"]
+
+const stripSummary = (content: UserContent): UserContent =>
+  typeof content === "string"
+    ? content
+    : content.filter((part) => !(part.type === "text" && part.text.startsWith(SUMMARY_MARK)))
+
+/**
+ * A deterministic summary of dropped messages: an earlier summary's lines, each user request
+ * (clipped), each tool call (name and its path or command), the files touched; the newest lines
+ * kept when it grows past its bound.
+ */
+export const summaryOf = (dropped: ReadonlyArray<Prompt.MessageEncoded>): string => {
+  const lines: Array<string> = []
+  const files = new Set<string>()
+  for (const message of dropped) {
+    if (message.role === "user") {
+      const parts =
+        typeof message.content === "string"
+          ? [{ type: "text" as const, text: message.content }]
+          : message.content
+      for (const part of parts) {
+        if (part.type !== "text") continue
+        if (part.text.startsWith(SUMMARY_MARK)) {
+          const body = part.text.split("\n").slice(1, -1)
+          for (const line of body) {
+            const touched = /^Files touched: (.*)$/.exec(line)
+            if (touched) for (const file of touched[1]!.split(", ")) files.add(file)
+            else lines.push(line)
+          }
+        } else lines.push(`- user: ${clip(part.text, 160)}`)
+      }
+    } else if (message.role === "assistant" && typeof message.content !== "string") {
+      for (const part of message.content) {
+        if (part.type !== "tool-call") continue
+        const params = (part.params ?? {}) as Record<string, unknown>
+        const target =
+          typeof params.path === "string"
+            ? params.path
+            : typeof params.command === "string"
+              ? params.command
+              : ""
+        if (typeof params.path === "string" && part.name !== "list_files" && part.name !== "search")
+          files.add(params.path)
+        lines.push(`  - ${part.name}${target === "" ? "" : `: ${clip(target, 100)}`}`)
+      }
+    }
+  }
+  const tail = files.size > 0 ? [`Files touched: ${[...files].slice(-40).join(", ")}`] : []
+  let kept = lines
+  const size = () => [SUMMARY_MARK, ...kept, ...tail, "]"].join("\n").length
+  while (kept.length > 1 && size() > SUMMARY_MAX_CHARS) kept = kept.slice(1)
+  return [SUMMARY_MARK, ...kept, ...tail, "]"].join("\n")
+}
+
 /**
  * Keep a conversation under `limit` tokens (estimated): first the results of older tool calls are
- * replaced by a note, then the oldest exchanges (whole user turns) are dropped. Returns what was
+ * replaced by a note, then the oldest exchanges (whole user turns) are dropped, the first kept
+ * user turn opening with a short summary of them (`summaryOf`). Returns what was
  * done, for the user to see.
  */
 export const compact = (
@@ -108,18 +172,40 @@ export const compact = (
   }
   let current = Schema.decodeUnknownSync(Prompt.Prompt)({ content: messages })
   let dropped = 0
+  const droppedMessages: Array<Prompt.MessageEncoded> = []
   // still too big: drop whole exchanges from the start (each begins with a user message that is not a tool result)
   while (estimateTokens(current) > limit) {
     const content = encodePrompt(current).content
     const next = content.findIndex((message, i) => i > 0 && message.role === "user")
     if (next < 0) break
     dropped += next
+    droppedMessages.push(...content.slice(0, next))
     current = Schema.decodeUnknownSync(Prompt.Prompt)({ content: content.slice(next) })
+  }
+  if (droppedMessages.length > 0) {
+    // the first kept message (a user turn) opens with a short summary of what was dropped
+    const content = [...encodePrompt(current).content]
+    const first = content[0]
+    if (first !== undefined && first.role === "user") {
+      // an encoded user message with one text part is a plain string
+      const parts: ReadonlyArray<Prompt.UserMessagePartEncoded> =
+        typeof first.content === "string" ? [{ type: "text", text: first.content }] : first.content
+      content[0] = {
+        ...first,
+        content: [
+          { type: "text" as const, text: summaryOf(droppedMessages) },
+          ...(stripSummary(parts) as ReadonlyArray<Prompt.UserMessagePartEncoded>)
+        ]
+      }
+      current = Schema.decodeUnknownSync(Prompt.Prompt)({ content })
+    }
   }
   const after = estimateTokens(current)
   const parts = [
     ...(trimmed > 0 ? [`trimmed ${trimmed} old tool output${trimmed === 1 ? "" : "s"}`] : []),
-    ...(dropped > 0 ? [`dropped the ${dropped} oldest message${dropped === 1 ? "" : "s"}`] : [])
+    ...(dropped > 0
+      ? [`dropped the ${dropped} oldest message${dropped === 1 ? "" : "s"} (a short summary kept)`]
+      : [])
   ]
   return {
     prompt: current,
@@ -152,6 +238,9 @@ export const describeModelError = (
 ): string => {
   const status = statusOf(error)
   const keyVar = spec.hostVariable ?? "the provider's key variable"
+  if ((status === 401 || status === 403) && spec.hostVariable === undefined) {
+    return `the model server at ${spec.endpoint} refused the request (${status}); its catalog entry has no key (apiKeyEnv null): set apiKeyEnv in models.json if it needs one`
+  }
   if (status === 401 || status === 403) {
     return `the ${spec.provider} API refused the request (${status}): check ${keyVar} on the host (the broker adds it; the guest only sees a placeholder)`
   }
