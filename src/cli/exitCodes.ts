@@ -24,6 +24,8 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   SourceInvalid: 73,
   // $ABOX_HOME/models.json does not decode
   ModelCatalogError: 100,
+  // exec -t: the session's guest image predates tty turns (its hello lacks the "tty" feature)
+  TtyUnsupported: 101,
   // lock
   SessionBusy: 75,
   LockError: 76,

@@ -42,7 +42,8 @@ import {
   GuestTooNew,
   GuestTooOld,
   ProtocolError,
-  TransferFailed
+  TransferFailed,
+  TtyUnsupported
 } from "../services/GuestRpc.js"
 import { BrokerError, BrokerPolicyError } from "../services/HttpsBroker.js"
 import { DiskError, ImageNotFound } from "../services/Images.js"
@@ -100,7 +101,8 @@ const KnownError = Schema.Union(
   SourceChanged,
   PatchFailed,
   RepoToolFailed,
-  RepoPathInvalid
+  RepoPathInvalid,
+  TtyUnsupported
 )
 export type RemoteError = typeof KnownError.Type | ControlRefused
 const decodeKnown = Schema.decodeUnknownEither(KnownError)

@@ -263,6 +263,61 @@ const execTurnOf = (args: {
   return Effect.succeed({ text: args.prompt.value, mode: "prompt" as const })
 }
 
+/** `exec -t`: the local terminal's size (stdout's, as the output goes there; 24×80 otherwise) and TERM */
+const localTty = () => {
+  const out = process.stdout
+  const rows = out.isTTY === true && out.rows > 0 ? out.rows : 24
+  const cols = out.isTTY === true && out.columns > 0 ? out.columns : 80
+  const term = process.env.TERM
+  return {
+    rows: Math.min(rows, 0xffff),
+    cols: Math.min(cols, 0xffff),
+    ...(term !== undefined && /^[A-Za-z0-9._+-]{1,64}$/.test(term) ? { term } : {})
+  }
+}
+
+/**
+ * `exec -it` with a terminal on stdin: raw mode while the turn runs (^C, ^Z, ^D are bytes for the
+ * guest's line discipline), the terminal's previous mode restored when the scope closes (turn
+ * end, error, signal)
+ */
+const rawStdin = Effect.acquireRelease(
+  Effect.sync(() => {
+    const wasRaw = process.stdin.isRaw
+    process.stdin.setRawMode(true)
+    return wasRaw
+  }),
+  (wasRaw) =>
+    Effect.sync(() => {
+      process.stdin.setRawMode(wasRaw)
+      process.stdin.pause()
+    })
+)
+
+/** the local terminal's bytes as they come (until stdin ends) */
+const stdinBytes = Stream.async<Buffer>((emit) => {
+  const onData = (chunk: Buffer) => void emit.single(chunk)
+  const onEnd = () => void emit.end()
+  process.stdin.on("data", onData)
+  process.stdin.once("end", onEnd)
+  process.stdin.resume()
+  return Effect.sync(() => {
+    process.stdin.off("data", onData)
+    process.stdin.off("end", onEnd)
+    process.stdin.pause()
+  })
+})
+
+/** the local terminal changed size (SIGWINCH, which Node reports as stdout's `resize`) */
+const terminalResizes = Stream.async<{ rows: number; cols: number }>((emit) => {
+  const onResize = () => {
+    const { rows, cols } = localTty()
+    void emit.single({ rows, cols })
+  }
+  process.stdout.on("resize", onResize)
+  return Effect.sync(() => void process.stdout.off("resize", onResize))
+})
+
 export const execCommand = Command.make(
   "exec",
   {
@@ -278,6 +333,14 @@ export const execCommand = Command.make(
       Options.withDescription("run in this guest directory (default /work/repo)")
     ),
     timeout: durationOption("timeout", "cancel the command after this long (exit 124)"),
+    tty: Options.boolean("tty").pipe(
+      Options.withAlias("t"),
+      Options.withDescription("run the command on a pseudo-terminal in the guest, of this terminal's size and TERM")
+    ),
+    interactive: Options.boolean("interactive").pipe(
+      Options.withAlias("i"),
+      Options.withDescription("with -t: send what is typed here to the command (this terminal in raw mode)")
+    ),
     prompt: Options.text("prompt").pipe(
       Options.withAlias("p"),
       Options.optional,
@@ -292,10 +355,22 @@ export const execCommand = Command.make(
         Effect.gen(function* () {
           const env = yield* envPairs(args.env)
           const turn = yield* execTurnOf(args)
+          if (args.tty && turn.mode === "prompt")
+            return yield* new ExecUsageError({ message: "-t is for shell commands, not --prompt" })
+          if (args.interactive && !args.tty)
+            return yield* new ExecUsageError({
+              message: "-i needs -t: typed input goes to a command on a pseudo-terminal (exec -it)"
+            })
+          if (args.interactive && process.stdin.isTTY !== true)
+            return yield* new ExecUsageError({
+              message: "the input device is not a TTY (exec -it needs a terminal on stdin; drop -t or -i)"
+            })
+          const tty = args.tty ? localTty() : undefined
           const connection = yield* connect(args.ref)
           yield* connection.send({
             type: "turn",
             ...turn,
+            ...(tty !== undefined ? { tty } : {}),
             ...(args.env.length > 0 ? { env } : {}),
             ...(Option.isSome(args.workdir) ? { cwd: args.workdir.value } : {}),
             ...(Option.isSome(args.timeout)
@@ -320,6 +395,24 @@ export const execCommand = Command.make(
                     Effect.ignore
                   )
           )
+          if (tty !== undefined) {
+            // typed bytes go to the command as they are (raw mode: ^C is the guest's SIGINT, so this
+            // client does not cancel on it); the terminal's resizes follow it
+            if (args.interactive) {
+              yield* rawStdin
+              yield* stdinBytes.pipe(
+                Stream.runForEach((bytes) => connection.send({ type: "input", data: bytes.toString("base64") })),
+                Effect.ignore,
+                Effect.forkScoped
+              )
+            }
+            if (process.stdout.isTTY === true)
+              yield* terminalResizes.pipe(
+                Stream.runForEach((size) => connection.send({ type: "resize", ...size })),
+                Effect.ignore,
+                Effect.forkScoped
+              )
+          }
           yield* connection.replies.pipe(
             Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
             Stream.runForEach((reply) => {
