@@ -180,17 +180,13 @@ const oneTurn = (
     if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
   })
 
+/** what open and run both take: the source, its name and image, and the boot flags */
+const openFlags = { source, name, model, image, cpus, memory, agent, policy }
+
 export const run = Command.make(
   "run",
   {
-    source,
-    name,
-    model,
-    image,
-    cpus,
-    memory,
-    agent,
-    policy,
+    ...openFlags,
     keep: Options.boolean("keep").pipe(
       Options.withDescription("keep the session on disk afterwards (the default; the opposite of --rm)")
     ),
@@ -256,14 +252,7 @@ export const run = Command.make(
 export const openCommand = Command.make(
   "open",
   {
-    source,
-    name,
-    model,
-    image,
-    cpus,
-    memory,
-    agent,
-    policy,
+    ...openFlags,
     detach: Options.boolean("detach").pipe(
       Options.withDescription("start the session in the background instead (as abox start; docs/detached.md)")
     )
