@@ -194,8 +194,7 @@ describe("abox CLI (built bundle, real processes)", () => {
     const dry = runCli(home, ["scrub", "--dry-run", "--json"])
     expect(dry.code).toBe(0)
     expect(dry.stdout).not.toContain(secret)
-    const findings = (parse(dry.stdout).report as { findings: Array<{ path: string; changed: boolean }> })
-      .findings
+    const findings = (parse(dry.stdout) as { findings: Array<{ path: string; changed: boolean }> }).findings
     expect(findings.map((f) => [f.path, f.changed])).toEqual([[file, false]])
     expect(fs.readFileSync(file, "utf8")).toBe(dirty)
     expect(runCli(home, ["list"], { ABOX_SKIP_SCRUB: "1" }).code).toBe(0)
@@ -213,7 +212,9 @@ describe("abox CLI (built bundle, real processes)", () => {
     const before = fs.readFileSync(file)
     const dry = runCli(home, ["scrub", "--dry-run", "--json"])
     expect(dry.code).toBe(0)
-    const report = parse(dry.stdout).report as Record<string, unknown>
+    // docs/cli-json.md: one object, `dryRun` at the top level as in gc and prune
+    const report = parse(dry.stdout)
+    expect(Object.keys(report).sort()).toEqual(["dryRun", "filesScanned", "findings", "problems", "sessionsScanned"])
     expect(report.dryRun).toBe(true)
     expect(Array.isArray(report.findings)).toBe(true)
     expect(runCli(home, ["scrub"]).code).toBe(0)

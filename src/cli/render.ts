@@ -65,9 +65,12 @@ export const errorJson = (error: Tagged): { readonly error: Record<string, unkno
 
 export const printJson = (value: unknown) => Console.log(JSON.stringify(value, null, 2))
 
-/** one line on stderr, or the JSON error object on stdout */
+/**
+ * one line on stderr, or the JSON error object on stdout, on one line (docs/cli-json.md): it may
+ * follow a stream's JSON lines (`run --json`), so it is a JSON line too
+ */
 export const renderError = (error: Tagged, json: boolean) =>
-  json ? printJson(errorJson(error)) : Console.error(`abox: ${errorMessage(error).split("\n").join(" ")}`)
+  json ? Console.log(JSON.stringify(errorJson(error))) : Console.error(`abox: ${errorMessage(error).split("\n").join(" ")}`)
 
 /** DESIGN: the scrubber runs on every start. Nothing secret is printed, only counts. */
 export const startupScrub = Effect.gen(function* () {

@@ -6,6 +6,10 @@
  *   offset 8  u8   kind: 0 CONTROL (channel 0 only), 1 DATA, 2 CREDIT (u32 payload), 3 EOF (empty)
  *   offset 9  n    payload
  *
+ * This file checks one frame at a time: the length bound and which kind may use channel 0. The
+ * rules across frames (id parity per opener, ids only growing, open-before-use, credit and
+ * windows) are the Mux's (src/protocol/Mux.ts; docs/protocol.md, "Channels" and "Flow control").
+ *
  * Plain TypeScript with no Effect runtime: the guest agent imports it on its start-up path.
  */
 
@@ -69,14 +73,6 @@ const validateOutgoing = (frame: Frame): void => {
   if (reason !== undefined) throw new FrameError(reason)
 }
 
-/** The 9 header bytes of a frame (the Mux writes header and payload without concatenating). */
-export const encodeFrameHeader = (frame: Frame): Uint8Array => {
-  validateOutgoing(frame)
-  const header = new Uint8Array(FRAME_HEADER_BYTES)
-  writeHeader(header, frame.payload.length, frame.channel, frame.kind)
-  return header
-}
-
 /** One frame as bytes. Throws FrameError for a frame that v4 does not allow. */
 export const encodeFrame = (frame: Frame): Uint8Array => {
   validateOutgoing(frame)
@@ -99,12 +95,6 @@ export const encodeCredit = (bytes: number): Uint8Array => {
 export const decodeCredit = (payload: Uint8Array): number =>
   new DataView(payload.buffer, payload.byteOffset, payload.byteLength).getUint32(0)
 
-/**
- * Incremental decoder: push the stream's chunks as they come, get whole frames back. It holds at
- * most one partial frame (its header, then exactly its declared payload, at most
- * MAX_FRAME_PAYLOAD bytes). A payload that arrives whole inside one chunk is returned as a view
- * of that chunk (no copy). After a FrameError every later call throws the same error.
- */
 export interface FrameDecoderOptions {
   /**
    * Return a DATA frame's payload in pieces as its bytes arrive (views of the pushed chunks, no
@@ -114,6 +104,13 @@ export interface FrameDecoderOptions {
   readonly streamData?: boolean
 }
 
+/**
+ * Incremental decoder: push the stream's chunks as they come, get frames back. It holds at most
+ * one partial frame (its header, then exactly its declared payload, at most MAX_FRAME_PAYLOAD
+ * bytes; with `streamData`, a DATA payload is not held but handed out in pieces as it arrives).
+ * A payload that arrives whole inside one chunk is returned as a view of that chunk (no copy).
+ * After a FrameError every later call (push or finish) throws the same error.
+ */
 export class FrameDecoder {
   private readonly header = new Uint8Array(FRAME_HEADER_BYTES)
   private readonly streamData: boolean

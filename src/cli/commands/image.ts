@@ -93,7 +93,7 @@ const rm = Command.make(
     edge({ json: args.json, scrub: false })(
       Effect.gen(function* () {
         const image = yield* imageRemove(args.ref, args.force)
-        if (args.json) yield* printJson({ removed: rowJson(image) })
+        if (args.json) yield* printJson({ removed: [rowJson(image)] })
         else
           yield* Console.log(
             `removed ${image.meta.name}@${short(image.meta.digest)} (sessions are untouched)`

@@ -31,7 +31,8 @@ export const scrub = Command.make("scrub", { dryRun, json }, (args) =>
     Effect.gen(function* () {
       const scrubber = yield* SecretScrubber
       const report = yield* scrubber.scrub({ dryRun: args.dryRun })
-      if (args.json) yield* printJson({ report })
+      // docs/cli-json.md: one object, `dryRun` at the top like gc and prune
+      if (args.json) yield* printJson(report)
       else yield* Console.log(reportText(report))
     })
   )
