@@ -58,6 +58,7 @@ import {
 } from "../services/SessionStore.js"
 import {
   ArchiveRefused,
+  MergeConflicts,
   PatchFailed,
   RepoPathInvalid,
   RepoToolFailed,
@@ -98,6 +99,7 @@ const KnownError = Schema.Union(
   ForwardRefused,
   ArchiveRefused,
   SourceChanged,
+  MergeConflicts,
   PatchFailed,
   RepoToolFailed,
   RepoPathInvalid

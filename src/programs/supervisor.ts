@@ -252,7 +252,13 @@ const serve = Effect.fn("supervisor.serve")(function* (
       // a tty turn's keys, sizes and signals: only from this connection, the one that started it
       const controls = yield* Queue.unbounded<TtyControl>()
       const fiber = yield* Effect.forkIn(
-        runTurn(client, request, delivery, cancel, request.tty === undefined ? undefined : Stream.fromQueue(controls)),
+        runTurn(
+          client,
+          request,
+          delivery,
+          cancel,
+          request.tty === undefined ? undefined : Stream.fromQueue(controls)
+        ),
         serveScope
       )
       const input = readLines(lines).pipe(
@@ -374,6 +380,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
           const touched = yield* Repo.apply(connection, {
             to: request.to,
             check: request.check,
+            threeWay: request.threeWay,
             paths: request.paths
           })
           return yield* send({ type: "repo_done", paths: [...touched] })

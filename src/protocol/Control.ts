@@ -79,6 +79,7 @@ export const RepoOp = Schema.Union(
     op: Schema.Literal("apply"),
     to: Schema.String,
     check: Schema.optional(Schema.Boolean),
+    threeWay: Schema.optional(Schema.Boolean),
     paths: Schema.optional(Schema.Array(Schema.String))
   }),
   Schema.Struct({ op: Schema.Literal("copy_out"), guestPath: Schema.String, hostPath: Schema.String }),

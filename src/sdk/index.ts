@@ -84,6 +84,7 @@ export { ConfigInvalid } from "../lib/env.js"
 export {
   ArchiveRefused,
   SourceChanged,
+  MergeConflicts,
   PatchFailed,
   RepoPathInvalid,
   RepoToolFailed
