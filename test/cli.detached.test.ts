@@ -199,7 +199,7 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
       const { id, out } = JSON.parse(first.stdout) as { id: string; out: string }
       expect(out).toBe("from-first\n")
       const second = script(
-        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst p = await s.run("say hi", { mode: "prompt" });\nawait s.run("echo sdk > sdk.txt");\nconst d = await s.diff({ stat: true });\nconst out = ${JSON.stringify(path.join(home, "sdk-out.txt"))};\nawait s.files.copyOut("sdk.txt", out);\nconst copied = (await import("node:fs")).readFileSync(out, "utf8");\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], p: p.agentEnd, d: d.includes("sdk.txt"), copied, listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
+        `const s = await m.connect("shared");\nconst r = await s.run("cat README.md; exit 4");\nconst p = await s.run("say hi", { mode: "prompt" });\nawait s.run("echo sdk > sdk.txt");\nconst d = await s.diff({ stat: true });\nconst out = ${JSON.stringify(path.join(home, "sdk-out.txt"))};\nawait s.files.copyOut("sdk.txt", out);\nconst copied = (await import("node:fs")).readFileSync(out, "utf8");\nawait s.files.write("bin/tool", new Uint8Array([0, 255, 10]), 0o755);\nconst rw = { read: Array.from(await s.files.read("bin/tool")), list: await s.files.list("bin"), outside: await s.files.read("../x").then(() => "read", (e) => e._tag) };\nconst listed = await m.list();\nconsole.log(JSON.stringify({ id: s.id, r: [r.exitCode, r.stdout], p: p.agentEnd, d: d.includes("sdk.txt"), copied, rw, listed: listed.map((n) => [n.name, n.running, typeof n.supervisorPid]) , stopped: await m.stop("shared") }));\nconsole.log(JSON.stringify(await m.list()));`
       )
       expect(second.code, second.stderr).toBe(0)
       const [line1, line2] = second.stdout.trim().split("\n")
@@ -216,6 +216,12 @@ describe("abox start / exec / list / stop (FakeVmm, real processes)", () => {
         // diff and files.copyOut over the socket (no ControlRefused)
         d: true,
         copied: "sdk\n",
+        // files.write/read/list over the socket: bytes, mode, entries; a path outside stays typed
+        rw: {
+          read: [0, 255, 10],
+          list: [{ path: "bin/tool", type: "file", size: 3, mode: 0o755 }],
+          outside: "RepoPathInvalid"
+        },
         listed: [["shared", true, "number"]],
         stopped: true
       })

@@ -145,4 +145,69 @@ describe("diff / apply / cp (FakeVmm)", () => {
     },
     120_000
   )
+  it.live(
+    "apply --3way: a change elsewhere in a file merges; the same lines changed both ways leave markers (MergeConflicts)",
+    () => {
+      const home = tempDir("abox-home-")
+      const source = tempDir("abox-3way-src-")
+      const lines = Array.from({ length: 20 }, (_, i) => `line ${i + 1}`)
+      fs.writeFileSync(path.join(source, "a.txt"), lines.join("\n") + "\n")
+      fs.writeFileSync(path.join(source, "b.txt"), "x\ny\nz\n")
+      const agentA = lines.map((l, i) => (i === 1 ? "line 2 by the agent" : l))
+      const userA = lines.map((l, i) => (i === 18 ? "line 19 by the user" : l))
+      const copy = () => {
+        const target = tempDir("abox-3way-target-")
+        fs.cpSync(source, target, { recursive: true })
+        fs.writeFileSync(path.join(target, "a.txt"), userA.join("\n") + "\n")
+        return target
+      }
+      return Effect.gen(function* () {
+        const session = yield* open({ source })
+        const turn = Array.from(
+          yield* Stream.runCollect(
+            session.turn(`printf '${agentA.join("\\n")}\\n' > a.txt && printf 'x\\ny agent\\nz\\n' > b.txt`)
+          )
+        )
+        expect(turn.at(-1)).toMatchObject({ _tag: "End", exitCode: 0 })
+        const connection = session.connection
+
+        // the user changed a.txt elsewhere: refused without --3way, merged with it
+        const clean = copy()
+        const refused = yield* Effect.flip(Repo.apply(connection, { to: clean }))
+        expect(refused._tag).toBe("SourceChanged")
+        const applied = yield* Repo.apply(connection, { to: clean, threeWay: true })
+        expect(applied).toEqual(["a.txt", "b.txt"])
+        expect(fs.readFileSync(path.join(clean, "a.txt"), "utf8")).toBe(
+          lines.map((l, i) => (i === 1 ? agentA[1] : i === 18 ? userA[18] : l)).join("\n") + "\n"
+        )
+        expect(fs.readFileSync(path.join(clean, "b.txt"), "utf8")).toBe("x\ny agent\nz\n")
+
+        // the user changed b.txt's same line: conflict markers there, a.txt still merged
+        const conflicting = copy()
+        fs.writeFileSync(path.join(conflicting, "b.txt"), "x\ny user\nz\n")
+        const checked = yield* Effect.flip(
+          Repo.apply(connection, { to: conflicting, threeWay: true, check: true })
+        )
+        expect(checked._tag).toBe("MergeConflicts")
+        if (checked._tag === "MergeConflicts") expect(checked.paths).toEqual(["b.txt"])
+        // --check wrote nothing
+        expect(fs.readFileSync(path.join(conflicting, "b.txt"), "utf8")).toBe("x\ny user\nz\n")
+        expect(fs.readFileSync(path.join(conflicting, "a.txt"), "utf8")).toBe(userA.join("\n") + "\n")
+        const conflicted = yield* Effect.flip(Repo.apply(connection, { to: conflicting, threeWay: true }))
+        expect(conflicted._tag).toBe("MergeConflicts")
+        if (conflicted._tag === "MergeConflicts") {
+          expect(conflicted.paths).toEqual(["b.txt"])
+          expect(conflicted.applied).toEqual(["a.txt"])
+        }
+        const marked = fs.readFileSync(path.join(conflicting, "b.txt"), "utf8")
+        expect(marked).toContain("<<<<<<<")
+        expect(marked).toContain("y user")
+        expect(marked).toContain("y agent")
+        expect(fs.readFileSync(path.join(conflicting, "a.txt"), "utf8")).toContain("line 2 by the agent")
+        // nothing of git's was left in the target
+        expect(fs.existsSync(path.join(conflicting, ".git"))).toBe(false)
+      }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
 })

@@ -61,7 +61,8 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   BrokerError: 96,
   // apply: the source changed where the patch writes; the patch does not apply
   SourceChanged: 97,
-  PatchFailed: 98
+  PatchFailed: 98,
+  MergeConflicts: 101
 }
 
 /** anything without its own code */

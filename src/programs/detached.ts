@@ -59,6 +59,7 @@ import {
 } from "../services/SessionStore.js"
 import {
   ArchiveRefused,
+  MergeConflicts,
   PatchFailed,
   RepoPathInvalid,
   RepoToolFailed,
@@ -99,6 +100,7 @@ const KnownError = Schema.Union(
   ForwardRefused,
   ArchiveRefused,
   SourceChanged,
+  MergeConflicts,
   PatchFailed,
   RepoToolFailed,
   RepoPathInvalid,
@@ -484,9 +486,9 @@ export const remoteRepo = (
       const absolute: RepoOp =
         request.op === "apply"
           ? { ...request, to: path.resolve(request.to) }
-          : request.op === "diff"
-            ? request
-            : { ...request, hostPath: path.resolve(request.hostPath) }
+          : request.op === "copy_out" || request.op === "copy_in"
+            ? { ...request, hostPath: path.resolve(request.hostPath) }
+            : request
       const connection = yield* connect(ref)
       yield* connection.send({ type: "repo", request: absolute })
       const chunks: Array<string> = []

@@ -23,7 +23,13 @@ import { safeComponents } from "../guest/extract.js"
 import { DEFAULT_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
 import { scanSource, tarSnapshot } from "../lib/snapshot.js"
 import type { GuestConnection } from "../services/GuestRpc.js"
-import { PatchFailed, RepoPathInvalid, RepoToolFailed, SourceChanged } from "../services/RepoErrors.js"
+import {
+  MergeConflicts,
+  PatchFailed,
+  RepoPathInvalid,
+  RepoToolFailed,
+  SourceChanged
+} from "../services/RepoErrors.js"
 import { SessionStore } from "../services/SessionStore.js"
 import { GUEST_REPO, resume, type BootOptions } from "./session.js"
 
@@ -267,8 +273,85 @@ export interface ApplyOptions {
   readonly to: string
   /** only check: nothing is written */
   readonly check?: boolean | undefined
+  /**
+   * where the target changed since the snapshot: a three-way merge with the snapshot as its base
+   * instead of the refusal; clean paths apply, conflicts keep markers (MergeConflicts)
+   */
+  readonly threeWay?: boolean | undefined
   readonly paths?: ReadonlyArray<string> | undefined
 }
+
+/**
+ * `git apply --3way` of the patch in `workTree` (the target, or a scratch copy of the touched
+ * paths for `check`): a throwaway repository whose objects are the snapshot's and the guest's
+ * blobs (the patch names them by full id), an index of the work tree's touched paths, no
+ * attributes (info/attributes turns every filter and conversion off), no hooks, no user
+ * configuration. Returns the paths left in conflict.
+ */
+const threeWayApply = (
+  work: string,
+  objects: string,
+  workTree: string,
+  touched: ReadonlyArray<string>,
+  patch: Uint8Array
+) =>
+  Effect.gen(function* () {
+    const gitDir = path.join(work, "merge.git")
+    yield* git(["init", "-q", "--bare", "--template=", gitDir])
+    yield* Effect.tryPromise({
+      try: async () => {
+        await fs.mkdir(path.join(gitDir, "info"), { recursive: true })
+        await fs.writeFile(
+          path.join(gitDir, "info", "attributes"),
+          "* -text -eol -filter -ident -working-tree-encoding\n"
+        )
+        await fs.writeFile(
+          path.join(gitDir, "objects", "info", "alternates"),
+          path.join(objects, "objects") + "\n"
+        )
+      },
+      catch: (cause) => tool("fs", `cannot prepare the merge repository: ${errorText(cause)}`)
+    })
+    const env = {
+      GIT_DIR: gitDir,
+      GIT_WORK_TREE: workTree,
+      GIT_INDEX_FILE: path.join(work, "merge.index"),
+      GIT_CEILING_DIRECTORIES: path.dirname(workTree),
+      GIT_CONFIG_COUNT: "3",
+      GIT_CONFIG_KEY_0: "core.bare",
+      GIT_CONFIG_VALUE_0: "false",
+      GIT_CONFIG_KEY_1: "core.hooksPath",
+      GIT_CONFIG_VALUE_1: "/dev/null",
+      GIT_CONFIG_KEY_2: "core.autocrlf",
+      GIT_CONFIG_VALUE_2: "false"
+    }
+    const present: Array<string> = []
+    for (const rel of touched) {
+      const there = yield* Effect.promise(() =>
+        fs.lstat(path.join(workTree, rel)).then(
+          (stat) => !stat.isDirectory(),
+          () => false
+        )
+      )
+      if (there) present.push(rel)
+    }
+    if (present.length > 0)
+      yield* git(["--literal-pathspecs", "add", "-f", "--", ...present], { cwd: workTree, env })
+    const applied = yield* git(["apply", "--3way", "--whitespace=nowarn"], {
+      cwd: workTree,
+      env,
+      input: patch
+    }).pipe(Effect.either)
+    const unmerged = (yield* git(["ls-files", "-u", "-z"], { cwd: workTree, env }))
+      .toString("utf8")
+      .split("\0")
+      .filter((line) => line !== "")
+      .map((line) => line.slice(line.indexOf("\t") + 1))
+    const conflicts = [...new Set(unmerged)].sort()
+    if (applied._tag === "Left" && conflicts.length === 0)
+      return yield* new PatchFailed({ message: applied.left.message })
+    return conflicts
+  })
 
 /**
  * Applies the session's changes to a host directory (by default the source it was opened
@@ -319,6 +402,40 @@ export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnect
           sameEntry(path.join(trees.base, rel), path.join(target, rel))
         )
         if (!same) conflicts.push(rel)
+      }
+      if (conflicts.length > 0 && options.threeWay === true) {
+        const patch = yield* git(diffArgs(trees, { paths }), { env })
+        const sorted = [...touched].sort()
+        let workTree = target
+        if (options.check === true) {
+          // a scratch copy of the touched paths: the merge is tried there, the target untouched
+          workTree = path.join(trees.work, "check")
+          yield* Effect.tryPromise({
+            try: async () => {
+              await fs.mkdir(workTree)
+              for (const rel of sorted) {
+                const from = path.join(target, rel)
+                const stat = await fs.lstat(from).catch(() => undefined)
+                if (stat === undefined || stat.isDirectory()) continue
+                await fs.mkdir(path.dirname(path.join(workTree, rel)), { recursive: true })
+                await fs.cp(from, path.join(workTree, rel), { verbatimSymlinks: true })
+              }
+            },
+            catch: (cause) => tool("fs", `cannot copy the target's paths for --check: ${errorText(cause)}`)
+          })
+        }
+        const merged = yield* threeWayApply(trees.work, trees.gitDir, workTree, sorted, patch)
+        if (merged.length > 0) {
+          return yield* new MergeConflicts({
+            target,
+            paths: merged,
+            applied: options.check === true ? [] : sorted.filter((p) => !merged.includes(p)),
+            message:
+              `${options.check === true ? "the three-way merge would leave" : "applied; the three-way merge left"} ` +
+              `conflicts in ${target}: ${merged.join(", ")}`
+          })
+        }
+        return sorted as ReadonlyArray<string>
       }
       if (conflicts.length > 0) {
         return yield* new SourceChanged({

@@ -39,6 +39,7 @@ import {
   decodeRequest,
   encodeReply,
   errorFields,
+  MAX_REMOTE_FILE_BYTES,
   REPO_CHUNK,
   type RepoOp,
   type StatusReply,
@@ -48,6 +49,7 @@ import {
 } from "../protocol/Control.js"
 import type { TtyControl } from "../services/GuestRpc.js"
 import * as Repo from "./repo.js"
+import { RepoPathInvalid } from "../services/RepoErrors.js"
 import type { Session } from "./session.js"
 
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (src/lib/socketPath.ts) */
@@ -252,7 +254,13 @@ const serve = Effect.fn("supervisor.serve")(function* (
       // a tty turn's keys, sizes and signals: only from this connection, the one that started it
       const controls = yield* Queue.unbounded<TtyControl>()
       const fiber = yield* Effect.forkIn(
-        runTurn(client, request, delivery, cancel, request.tty === undefined ? undefined : Stream.fromQueue(controls)),
+        runTurn(
+          client,
+          request,
+          delivery,
+          cancel,
+          request.tty === undefined ? undefined : Stream.fromQueue(controls)
+        ),
         serveScope
       )
       const input = readLines(lines).pipe(
@@ -356,7 +364,11 @@ const serve = Effect.fn("supervisor.serve")(function* (
     Effect.gen(function* () {
       const connection = session.connection
       const hostPaths =
-        request.op === "apply" ? [request.to] : request.op === "diff" ? [] : [request.hostPath]
+        request.op === "apply"
+          ? [request.to]
+          : request.op === "copy_out" || request.op === "copy_in"
+            ? [request.hostPath]
+            : []
       const relative = hostPaths.find((p) => !path.isAbsolute(p))
       if (relative !== undefined)
         return yield* new ControlError({
@@ -374,6 +386,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
           const touched = yield* Repo.apply(connection, {
             to: request.to,
             check: request.check,
+            threeWay: request.threeWay,
             paths: request.paths
           })
           return yield* send({ type: "repo_done", paths: [...touched] })
@@ -390,6 +403,27 @@ const serve = Effect.fn("supervisor.serve")(function* (
         case "copy_in": {
           const result = yield* Repo.copyIn(connection, request.hostPath, request.guestDir)
           return yield* send({ type: "repo_done", files: result.files, bytes: result.bytes })
+        }
+        case "read": {
+          const bytes = yield* Repo.readFile(connection, request.path)
+          if (bytes.length > MAX_REMOTE_FILE_BYTES)
+            return yield* new RepoPathInvalid({
+              path: request.path,
+              message: `${request.path} is larger than ${MAX_REMOTE_FILE_BYTES} bytes: use cp (files.copyOut)`
+            })
+          const text = Buffer.from(bytes).toString("base64")
+          for (let at = 0; at < text.length; at += REPO_CHUNK)
+            yield* send({ type: "repo_data", data: text.slice(at, at + REPO_CHUNK) })
+          return yield* send({ type: "repo_done", bytes: bytes.length })
+        }
+        case "write": {
+          const bytes = Buffer.from(request.data, "base64")
+          yield* Repo.writeFile(connection, request.path, new Uint8Array(bytes), request.mode)
+          return yield* send({ type: "repo_done", bytes: bytes.length })
+        }
+        case "list": {
+          const entries = yield* Repo.listFiles(connection, request.path)
+          return yield* send({ type: "repo_done", entries: [...entries] })
         }
       }
     }).pipe(

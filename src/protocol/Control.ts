@@ -69,6 +69,8 @@ export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.betw
  * operations"): the same programs as on a stopped session. Host paths are absolute (the client
  * resolves them); the supervisor, the same user on the same host, reads and writes them itself.
  */
+/** the most bytes `files.read`/`files.write` carry over the socket (larger: copyOut/copyIn) */
+export const MAX_REMOTE_FILE_BYTES = 1024 * 1024
 export const RepoOp = Schema.Union(
   Schema.Struct({
     op: Schema.Literal("diff"),
@@ -79,10 +81,22 @@ export const RepoOp = Schema.Union(
     op: Schema.Literal("apply"),
     to: Schema.String,
     check: Schema.optional(Schema.Boolean),
+    threeWay: Schema.optional(Schema.Boolean),
     paths: Schema.optional(Schema.Array(Schema.String))
   }),
   Schema.Struct({ op: Schema.Literal("copy_out"), guestPath: Schema.String, hostPath: Schema.String }),
-  Schema.Struct({ op: Schema.Literal("copy_in"), hostPath: Schema.String, guestDir: Schema.String })
+  Schema.Struct({ op: Schema.Literal("copy_in"), hostPath: Schema.String, guestDir: Schema.String }),
+  /** one file's bytes: `repo_data` pieces of base64, then `repo_done` */
+  Schema.Struct({ op: Schema.Literal("read"), path: Schema.String }),
+  /** one file written (base64, at most MAX_REMOTE_FILE bytes decoded) with its permission bits */
+  Schema.Struct({
+    op: Schema.Literal("write"),
+    path: Schema.String,
+    data: Schema.String.pipe(Schema.maxLength(Math.ceil(MAX_REMOTE_FILE_BYTES / 3) * 4)),
+    mode: Schema.optional(Schema.Int.pipe(Schema.between(0, 0o7777)))
+  }),
+  /** the entries under a directory: `repo_done` with `entries` */
+  Schema.Struct({ op: Schema.Literal("list"), path: Schema.optional(Schema.String) })
 )
 export type RepoOp = typeof RepoOp.Type
 export const RepoRequest = msg("repo", { request: RepoOp })
@@ -162,7 +176,18 @@ export const RepoDone = msg("repo_done", {
   paths: Schema.optional(Schema.Array(Schema.String)),
   files: Schema.optional(Schema.Number),
   bytes: Schema.optional(Schema.Number),
-  path: Schema.optional(Schema.String)
+  path: Schema.optional(Schema.String),
+  /** list: the entries */
+  entries: Schema.optional(
+    Schema.Array(
+      Schema.Struct({
+        path: Schema.String,
+        type: Schema.Literal("file", "directory", "symlink"),
+        size: Schema.Number,
+        mode: Schema.Number
+      })
+    )
+  )
 })
 export type RepoDone = typeof RepoDone.Type
 /** characters per `repo_data` line: JSON escaping at most sextuples them, below MAX_CONTROL_LINE */

@@ -84,6 +84,7 @@ export { ConfigInvalid } from "../lib/env.js"
 export {
   ArchiveRefused,
   SourceChanged,
+  MergeConflicts,
   PatchFailed,
   RepoPathInvalid,
   RepoToolFailed
@@ -375,10 +376,27 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
         )
       ),
     files: {
-      // single files' bytes are not carried by the control socket: a typed refusal, not a hang
-      read: () => notOverControl(id),
-      write: () => notOverControl(id),
-      list: () => notOverControl(id),
+      // single files (at most MAX_REMOTE_FILE_BYTES) and listings over the control socket too
+      read: (path) =>
+        run(
+          Effect.map(
+            Detached.remoteRepo(id, { op: "read", path }),
+            (r) => new Uint8Array(Buffer.from(r.text, "base64"))
+          )
+        ),
+      write: (path, data, mode) =>
+        run(
+          Effect.asVoid(
+            Detached.remoteRepo(id, {
+              op: "write",
+              path,
+              data: Buffer.from(data).toString("base64"),
+              ...(mode === undefined ? {} : { mode })
+            })
+          )
+        ),
+      list: (path) =>
+        run(Effect.map(Detached.remoteRepo(id, { op: "list", path }), (r) => r.done.entries ?? [])),
       copyOut: (guestPath, hostPath) =>
         run(Effect.asVoid(Detached.remoteRepo(id, { op: "copy_out", guestPath, hostPath }))),
       copyIn: (hostPath, guestDir) =>
@@ -386,14 +404,6 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
     }
   }
 }
-
-const notOverControl = (id: string): Promise<never> =>
-  Promise.reject(
-    new ControlRefused({
-      tag: "Unsupported",
-      message: `session ${id} is held by a supervisor: files.read/write/list do not go over its control socket (use files.copyOut/copyIn, or stop it)`
-    })
-  )
 
 /** stop a detached session (its supervisor runs Close and exits); false if nobody served it */
 export const stopDetached = async (ref: string): Promise<boolean> => {

@@ -18,6 +18,17 @@ export class SourceChanged extends Schema.TaggedError<SourceChanged>()("SourceCh
   message: Schema.String
 }) {}
 
+/**
+ * `abox apply --3way`: the three-way merge (the snapshot as its base) left conflicts; the clean
+ * paths were applied and each conflicting path holds conflict markers (nothing with `check`)
+ */
+export class MergeConflicts extends Schema.TaggedError<MergeConflicts>()("MergeConflicts", {
+  target: Schema.String,
+  paths: Schema.Array(Schema.String),
+  applied: Schema.Array(Schema.String),
+  message: Schema.String
+}) {}
+
 /** the patch does not apply (git apply's own refusal, with its words) */
 export class PatchFailed extends Schema.TaggedError<PatchFailed>()("PatchFailed", {
   message: Schema.String

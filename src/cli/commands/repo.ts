@@ -83,6 +83,11 @@ export const applyCommand = Command.make(
       Options.withDescription("apply here (default: the session's recorded source)")
     ),
     check: Options.boolean("check").pipe(Options.withDescription("check only: nothing is written")),
+    threeWay: Options.boolean("3way").pipe(
+      Options.withDescription(
+        "where the target changed since the snapshot, a three-way merge (the snapshot as base): conflicts keep markers"
+      )
+    ),
     json,
     paths
   },
@@ -92,10 +97,10 @@ export const applyCommand = Command.make(
         const to = Option.isSome(args.to) ? args.to.value : yield* Repo.recordedSource(args.ref)
         const touched = yield* viaSupervisorOr(
           args.ref,
-          { op: "apply", to, check: args.check, paths: args.paths },
+          { op: "apply", to, check: args.check, threeWay: args.threeWay, paths: args.paths },
           (remote) => remote.done.paths ?? [],
           Repo.withConnection(args.ref, (connection) =>
-            Repo.apply(connection, { to, check: args.check, paths: args.paths })
+            Repo.apply(connection, { to, check: args.check, threeWay: args.threeWay, paths: args.paths })
           )
         )
         if (args.json) return yield* printJson({ applied: !args.check, to, paths: touched })
