@@ -62,7 +62,7 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // apply: the source changed where the patch writes; the patch does not apply
   SourceChanged: 97,
   PatchFailed: 98,
-  MergeConflicts: 101
+  MergeConflicts: 102
 }
 
 /** anything without its own code */
