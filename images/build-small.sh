@@ -95,6 +95,9 @@ if [ ! -f "$NODE_TGZ" ]; then
   (cd "$CACHE/npm" && npm pack --silent "$NODE_PKG@$NODE_VERSION" >/dev/null)
 fi
 
+# downloads done: the build begins (abox image build shows its phases)
+echo "abox-phase: build" >&2
+
 # ---- unpack ----
 dpkg-deb -x "$KDEB" "$WORK/kernel"
 dpkg-deb -x "$BBDEB" "$WORK/busybox"
