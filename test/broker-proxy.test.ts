@@ -1,6 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import * as net from "node:net"
-import { CREDENTIAL_PLACEHOLDER, guestProxyEnv, startConnectProxy } from "../src/guest/connectProxy.js"
+import { guestProxyEnv, startConnectProxy } from "../src/guest/connectProxy.js"
+import { CREDENTIAL_PLACEHOLDER } from "../src/protocol/GuestConfig.js"
 import { duplexPair } from "./support/brokerHarness.js"
 
 /** send raw bytes to the proxy, collect everything until it closes */

@@ -29,8 +29,6 @@ export interface ConnectProxy {
   readonly close: () => Promise<void>
 }
 
-/** The placeholder a guest process holds instead of a credential; the broker replaces it. */
-export const CREDENTIAL_PLACEHOLDER = "abox-placeholder"
 
 /**
  * The environment the guest agent sets for every process it starts, so that HTTPS goes through

@@ -7,6 +7,9 @@ import * as Schema from "effect/Schema"
  */
 export const GUEST_CONFIG_FORMAT = 1
 
+/** The placeholder a guest process holds instead of a credential; the broker replaces it. */
+export const CREDENTIAL_PLACEHOLDER = "abox-placeholder"
+
 export const AgentCommand = Schema.Struct({
   /** argv of a program that prints JSON lines; receives the turn text on stdin. */
   argv: Schema.Array(Schema.String).pipe(Schema.minItems(1))

@@ -25,6 +25,7 @@ import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { startSession } from "./detached.js"
+import { agentPreset } from "../../lib/agentPresets.js"
 
 const name = Options.text("name").pipe(
   Options.optional,
@@ -45,7 +46,9 @@ const memory = Options.integer("memory").pipe(
 )
 const agent = Options.text("agent").pipe(
   Options.repeated,
-  Options.withDescription("agent command argv (repeat per word); default: each turn runs as a shell command")
+  Options.withDescription(
+    "agent command argv (repeat per word), or a preset: claude, codex; default: each turn runs as a shell command"
+  )
 )
 // existence is checked by the program (BrokerPolicyError, SourceInvalid), not the parser
 const policy = Options.file("policy").pipe(
@@ -85,11 +88,13 @@ export const bootOptions = (args: BootArgs, onPhase?: BootOptions["onPhase"]) =>
   Effect.gen(function* () {
     const broker = yield* HttpsBroker
     const policy = Option.isSome(args.policy) ? yield* broker.loadPolicy(args.policy.value) : undefined
+    // `--agent claude` / `--agent codex`: the CLI's headless argv, and a model of its provider
+    const preset = agentPreset(args.agent)
     return {
-      model: Option.getOrUndefined(args.model),
+      model: Option.getOrUndefined(args.model) ?? preset?.defaultModel,
       cpus: Option.getOrUndefined(args.cpus),
       memoryMiB: Option.getOrUndefined(args.memory),
-      agent: args.agent.length > 0 ? args.agent : undefined,
+      agent: preset !== undefined ? preset.argv : args.agent.length > 0 ? args.agent : undefined,
       policy,
       onPhase
     } satisfies BootOptions
@@ -143,17 +148,13 @@ const oneTurn = (
     if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
   })
 
+/** what open and run both take: the source, its name and image, and the boot flags */
+const openFlags = { source, name, model, image, cpus, memory, agent, policy }
+
 export const run = Command.make(
   "run",
   {
-    source,
-    name,
-    model,
-    image,
-    cpus,
-    memory,
-    agent,
-    policy,
+    ...openFlags,
     keep: Options.boolean("keep").pipe(
       Options.withDescription("keep the session on disk afterwards (the default; the opposite of --rm)")
     ),
@@ -219,14 +220,7 @@ export const run = Command.make(
 export const openCommand = Command.make(
   "open",
   {
-    source,
-    name,
-    model,
-    image,
-    cpus,
-    memory,
-    agent,
-    policy,
+    ...openFlags,
     detach: Options.boolean("detach").pipe(
       Options.withDescription("start the session in the background instead (as abox start; docs/detached.md)")
     )
