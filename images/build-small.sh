@@ -20,6 +20,18 @@
 #                       [--snapshot-entry FILE] [--node VERSION]
 # writes DIR/vmlinuz DIR/initrd.gz DIR/root.raw DIR/build.json (+ DIR/Image for aarch64)
 set -eu
+# Reproducible: one recipe and the same inputs give the same bytes (vmlinuz, initrd.gz, root.raw):
+# every file's times are SOURCE_DATE_EPOCH (default 2000-01-01: mkfs reads a fake time of 0 as none), mkfs.ext4 gets a fixed time, UUID and
+# directory-hash seed, the cpio is sorted and timestamp-free, gzip stores no name or time.
+# (The image's first boot then writes the agent's snapshot into root.raw: docs/on-disk.md ("Reproducible images") says why
+# those bytes are not reproducible.)
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-946684800}
+export SOURCE_DATE_EPOCH
+ROOT_UUID=6a0b0c5e-0000-4000-8000-000000000001
+ROOT_HASH_SEED=6a0b0c5e-0000-4000-8000-000000000002
+stamp_tree() { # stamp_tree DIR: every entry's atime/mtime to SOURCE_DATE_EPOCH (symbolic links themselves)
+  find "$1" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+}
 
 ARCH=x86_64
 OUT=
@@ -95,6 +107,9 @@ if [ ! -f "$NODE_TGZ" ]; then
   (cd "$CACHE/npm" && npm pack --silent "$NODE_PKG@$NODE_VERSION" >/dev/null)
 fi
 
+# downloads done: the build begins (abox image build shows its phases)
+echo "abox-phase: build" >&2
+
 # ---- unpack ----
 dpkg-deb -x "$KDEB" "$WORK/kernel"
 dpkg-deb -x "$BBDEB" "$WORK/busybox"
@@ -124,7 +139,8 @@ for m in $MODULES; do
 done
 sed "s/@MODULES@/$MODULES/" "$HERE/initrd-init.sh" >"$I/init"
 chmod 0755 "$I/init"
-(cd "$I" && find . | sort | cpio -o -H newc --quiet | gzip -9) >"$OUT/initrd.gz"
+stamp_tree "$I"
+(cd "$I" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible | gzip -9 -n) >"$OUT/initrd.gz"
 cp "$WORK/kernel/boot/vmlinuz-$KVER" "$OUT/vmlinuz"
 # Virtualization.framework boots only an uncompressed arm64 kernel: ship one as `Image`. Debian 12's
 # arm64 vmlinuz already is one (then `Image` is a hard link: no second copy); a gzipped one is
@@ -210,7 +226,14 @@ chmod 0644 "$R/opt/abox/abox-guest.js"
 
 rm -f "$OUT/root.raw"
 truncate -s "$ROOT_SIZE" "$OUT/root.raw"
-mkfs.ext4 -q -F -L abox-root -E root_owner=0:0 -d "$R" "$OUT/root.raw"
+stamp_tree "$R"
+E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH mkfs.ext4 -q -F -L abox-root -U "$ROOT_UUID" \
+  -E "root_owner=0:0,hash_seed=$ROOT_HASH_SEED" -d "$R" "$OUT/root.raw"
+# mkfs -d copies each file's change time (ctime) from the host, which no one can set: set it here
+STAMP=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y%m%d%H%M%S)
+(cd "$R" && find . -mindepth 1 | LC_ALL=C sort | sed "s#^\.\(.*\)#sif \"\1\" ctime $STAMP#") >"$WORK/ctime.debugfs"
+E2FSPROGS_FAKE_TIME=$SOURCE_DATE_EPOCH debugfs -w -f "$WORK/ctime.debugfs" "$OUT/root.raw" >/dev/null 2>"$WORK/ctime.err" ||
+  { cat "$WORK/ctime.err" >&2; exit 70; }
 
 NODE_REPORTED=$NODE_VERSION
 SOCAT_VERSION=

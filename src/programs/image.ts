@@ -3,6 +3,7 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
+import * as Stream from "effect/Stream"
 import * as crypto from "node:crypto"
 import { existsSync } from "node:fs"
 // Raw node:fs: mkdir/rm of the staging directory and one small read (decoded by Schema below).
@@ -74,7 +75,18 @@ export interface BuildOptions {
   readonly makeDefault?: boolean | undefined
   /** download cache; default `$ABOX_HOME/cache` */
   readonly cacheDir?: string | undefined
+  /** each phase as it begins; `ready` once the image is registered */
+  readonly onPhase?: ((phase: ImageBuildPhase) => Effect.Effect<void>) | undefined
 }
+
+/**
+ * The phases of `abox image build`: the recipe's downloads (cached .debs and npm tarballs), its
+ * build (initrd, root tree, mkfs), the first boot (the agent's snapshot), the registration.
+ */
+export type ImageBuildPhase = "download" | "build" | "first boot" | "register" | "ready"
+
+/** the line a recipe writes on stderr when its downloads are done and its build begins */
+const RECIPE_BUILD_MARK = "abox-phase: build"
 
 const fail = (step: string, message: string) => new ImageBuildFailed({ step, message })
 const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
@@ -171,6 +183,7 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   const recipe = path.join(root, "images", `build-${options.variant}.sh`)
   if (!existsSync(recipe)) return yield* fail("recipe", `recipe ${recipe} not found`)
   const cache = options.cacheDir ?? path.join(paths.home, "cache")
+  const onPhase = options.onPhase ?? (() => Effect.void)
 
   const staging = path.join(paths.images, `.build-${crypto.randomBytes(6).toString("hex")}`)
   yield* Effect.tryPromise({
@@ -186,24 +199,37 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   )
 
   return yield* Effect.gen(function* () {
-    const exit = yield* Command.make(
-      "sh",
-      recipe,
-      "--arch",
-      options.arch,
-      "--out",
-      staging,
-      "--cache",
-      cache,
-      "--agent",
-      agent,
-      ...(existsSync(snapshotEntry) ? ["--snapshot-entry", snapshotEntry] : [])
-    ).pipe(
-      Command.stdout("inherit"),
-      Command.stderr("inherit"),
-      Command.exitCode,
-      Effect.mapError((error) => fail("recipe", `${recipe}: ${reasonOf(error)}`))
-    )
+    yield* onPhase("download")
+    // the recipe's stderr passes through, line by line, except its phase mark
+    const exit = yield* Effect.scoped(
+      Effect.gen(function* () {
+        const recipeProcess = yield* Command.start(
+          Command.make(
+            "sh",
+            recipe,
+            "--arch",
+            options.arch,
+            "--out",
+            staging,
+            "--cache",
+            cache,
+            "--agent",
+            agent,
+            ...(existsSync(snapshotEntry) ? ["--snapshot-entry", snapshotEntry] : [])
+          ).pipe(Command.stdout("inherit"))
+        )
+        yield* recipeProcess.stderr.pipe(
+          Stream.decodeText(),
+          Stream.splitLines,
+          Stream.runForEach((line) =>
+            line.trim() === RECIPE_BUILD_MARK
+              ? onPhase("build")
+              : Effect.sync(() => process.stderr.write(`${line}\n`))
+          )
+        )
+        return yield* recipeProcess.exitCode
+      })
+    ).pipe(Effect.mapError((error) => fail("recipe", `${recipe}: ${reasonOf(error)}`)))
     if (exit !== 0)
       return yield* fail("recipe", `${path.basename(recipe)} exited ${exit} (its output is above)`)
     const infoFile = path.join(staging, "build.json")
@@ -221,7 +247,10 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
       catch: (cause) => fail("recipe", `${infoFile}: ${reasonOf(cause)}`)
     })
     const agentStart: AgentStart =
-      info.agentStart === "snapshot-entry" ? yield* buildAgentSnapshot(staging, info.arch) : "bundle"
+      info.agentStart === "snapshot-entry"
+        ? yield* Effect.zipRight(onPhase("first boot"), buildAgentSnapshot(staging, info.arch))
+        : "bundle"
+    yield* onPhase("register")
     const agentDigest = yield* sha256File(agent).pipe(
       Effect.mapError((error) => fail("agent", error.message))
     )
@@ -238,7 +267,10 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
         protocol: PROTOCOL_VERSION
       },
       { makeDefault: options.makeDefault ?? true, agentStart }
-    ).pipe(Effect.mapError((error) => fail("register", error.message)))
+    ).pipe(
+      Effect.mapError((error) => fail("register", error.message)),
+      Effect.tap(() => onPhase("ready"))
+    )
   }).pipe(Effect.onError(() => removeStaging))
 })
 

@@ -7,7 +7,8 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { hostArch } from "../../lib/arch.js"
 import type { RegisteredImage } from "../../lib/images.js"
-import { buildImage, imageList, imageRemove } from "../../programs/image.js"
+import { buildImage, type ImageBuildPhase, imageList, imageRemove } from "../../programs/image.js"
+import { stepDisplay } from "../progress.js"
 import { edge, notAnOption, printJson } from "../render.js"
 
 const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
@@ -47,16 +48,19 @@ const build = Command.make(
   (args) =>
     edge({ json: args.json, scrub: false })(
       Effect.gen(function* () {
+        // the running phase with its elapsed time (live on a terminal, plain lines otherwise)
+        const onPhase = yield* stepDisplay<ImageBuildPhase>(!args.json)
         const image = yield* buildImage({
           arch: args.arch,
           variant: args.variant,
           name: Option.getOrUndefined(args.name),
           agent: Option.getOrUndefined(args.agent),
-          makeDefault: !args.noDefault
+          makeDefault: !args.noDefault,
+          onPhase
         })
         if (args.json) yield* printJson({ image: rowJson(image) })
         else yield* Console.log(`registered ${row(image)}\n  ${image.dir}`)
-      }).pipe(Effect.provide(NodeCommandExecutor.layer))
+      }).pipe(Effect.scoped, Effect.provide(NodeCommandExecutor.layer))
     )
 ).pipe(
   Command.withDescription(

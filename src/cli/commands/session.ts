@@ -11,7 +11,6 @@ import {
   resume,
   type BootOptions,
   type OpenOptions,
-  type Phase,
   type Session,
   type TurnMode
 } from "../../programs/session.js"
@@ -20,7 +19,7 @@ import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { remove } from "../../programs/remove.js"
 import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
-import { progressBar } from "../progress.js"
+import { progressBar, stepDisplay } from "../progress.js"
 import { holdingSession } from "../runMain.js"
 import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
@@ -120,42 +119,6 @@ const openFromArgs = (
       image: Option.getOrUndefined(args.image)
     }
     return yield* open(options)
-  })
-
-/**
- * The step display, on stderr: each phase of Open/Resume as it runs. On a terminal the running
- * phase shows its elapsed time live (rewritten in place), then the time it took; otherwise one
- * plain line as each phase begins and one as it ends. Scoped: a phase cut short by a failure
- * still ends its line.
- */
-const stepDisplay = (enabled: boolean, live: boolean = process.stderr.isTTY === true) =>
-  Effect.gen(function* () {
-    let current: { readonly phase: Phase; readonly started: number } | undefined
-    let ticker: NodeJS.Timeout | undefined
-    const line = (c: { readonly phase: Phase; readonly started: number }) =>
-      `  ${c.phase.padEnd(9)} ${((Date.now() - c.started) / 1000).toFixed(2)}s`
-    const finish = (ok: boolean) => {
-      if (ticker !== undefined) clearInterval(ticker)
-      ticker = undefined
-      if (current !== undefined && enabled) {
-        process.stderr.write(live ? `\r${line(current)}${ok ? "" : " (failed)"}\n` : `${line(current)}\n`)
-      }
-      current = undefined
-    }
-    yield* Effect.addFinalizer(() => Effect.sync(() => finish(false)))
-    return (next: Phase) =>
-      Effect.sync(() => {
-        finish(true)
-        if (next === "ready") return
-        const started = { phase: next, started: Date.now() }
-        current = started
-        if (!enabled) return
-        if (live) {
-          process.stderr.write(line(started))
-          ticker = setInterval(() => process.stderr.write(`\r${line(started)}`), 250)
-          ticker.unref()
-        } else process.stderr.write(`  ${next} …\n`)
-      })
   })
 
 const writeJsonLine = (value: unknown) =>
