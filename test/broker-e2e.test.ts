@@ -672,9 +672,11 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
           const sessionDir = yield* fs.makeTempDirectoryScoped()
           const policy = yield* decodePolicy({ format: 1, allow: [{ host: "allowed.com", ports: [443] }] })
           const broker = yield* makeHttpsBroker({ resolve: () => Promise.resolve(["93.184.215.14"]) })
+          let started = Date.now()
           const logPath = yield* Effect.scoped(
             Effect.gen(function* () {
               const session = yield* broker.make(policy, { sessionId: "s-flood", sessionDir })
+              started = Date.now()
               yield* Effect.forEach(
                 Array.from({ length: 20_000 }, (_, i) => i),
                 (i) =>
@@ -686,12 +688,14 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
               return session.logPath
             })
           )
+          // the limit is per 10 s window: a loaded machine may spread the flood over several
+          const windows = Math.ceil((Date.now() - started) / 10_000) + 1
           const size = (yield* fs.stat(logPath)).size
-          expect(Number(size)).toBeLessThan(128 * 1024)
+          expect(Number(size)).toBeLessThan(128 * 1024 * windows)
           const log = (yield* readBrokerLog(logPath)).entries
           const denials = log.filter((e) => e.event === "open")
           expect(denials.length).toBeGreaterThan(0)
-          expect(denials.length).toBeLessThanOrEqual(100)
+          expect(denials.length).toBeLessThanOrEqual(100 * windows)
           const suppressed = log
             .filter((e) => e.event === "suppressed")
             .reduce((n, e) => n + (e.count ?? 0), 0)
