@@ -1,4 +1,4 @@
-/** `abox open` with turns piped on stdin: the exit status is the last failed turn's */
+/** `abox open` with turns piped on stdin (`!cmd`: shell turns): the exit status is the last failed turn's */
 import { describe, expect, it } from "@effect/vitest"
 import { spawnSync } from "node:child_process"
 import * as path from "node:path"
@@ -17,17 +17,17 @@ const openWith = (home: string, input: string) =>
 describe("piped turns", () => {
   it("exit with the last failed turn's status; 0 when every turn succeeded", () => {
     const home = tempHome()
-    const failed = openWith(home, "exit 3\necho ok\n")
+    const failed = openWith(home, "!exit 3\n!echo ok\n")
     expect(failed.stdout).toBe("ok\n")
     expect(failed.status).toBe(3)
-    expect(openWith(home, "echo a\necho b\n").status).toBe(0)
+    expect(openWith(home, "!echo a\n!echo b\n").status).toBe(0)
   })
 })
 
 describe("progress", () => {
   it("each phase is shown as it begins, then with the time it took (plain lines when stderr is not a terminal)", () => {
     const home = tempHome()
-    const r = openWith(home, "true\n")
+    const r = openWith(home, "!true\n")
     expect(r.status).toBe(0)
     for (const phase of ["snapshot", "clone", "config", "boot", "transfer"]) {
       expect(r.stderr).toMatch(new RegExp(`  ${phase} …\\n[^]*  ${phase}\\s+\\d+\\.\\d\\ds\\n`))
