@@ -7,29 +7,20 @@
  * completes a turn: one tool call that runs a shell command in the repository, then a final
  * answer. The real keys arrive at the mock; the guest holds only placeholders.
  */
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { agentPreset } from "../src/lib/agentPresets.js"
 import { BROKER_LOG_FILE, readBrokerLog } from "../src/lib/broker/log.js"
 import { type BrokerPolicy, presetRules, withRules } from "../src/lib/broker/policy.js"
-import { ImagesLive } from "../src/lib/images.js"
 import { open } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
-import { ensureWorkstationImage, testHome, workstationSkipReason } from "./e2e-vm-image.js"
+import { ensureWorkstationImage, testHome, workstationSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
 import { startModelMock } from "./support/modelMock.js"
 
 const skip = workstationSkipReason()
@@ -126,18 +117,7 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
         const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-clis-home-"))
         fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
         yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(home, { recursive: true, force: true })))
-        const layer = Layer.mergeAll(
-          SessionStoreLive,
-          RuntimeLockLive,
-          GuestRpcLive,
-          httpsBrokerLayer({ extraUpstreamCa: [mock.caPem] }),
-          QemuVmmLive({ note: () => undefined }),
-          ImagesLive
-        ).pipe(
-          Layer.provideMerge(aboxPathsAt(home)),
-          Layer.provideMerge(NodeCommandExecutor.layer),
-          Layer.provideMerge(NodeFileSystem.layer)
-        )
+        const layer = vmSessionLayer(home, mock.caPem)
 
         const results = yield* Effect.scoped(
           Effect.gen(function* () {

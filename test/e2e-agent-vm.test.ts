@@ -7,31 +7,21 @@
  * guest disk) holds the conversation, cancel mid-stream and mid-tool leaves nothing running, and
  * after close + resume the next request carries the earlier messages.
  */
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
-import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import type { BrokerPolicy } from "../src/lib/broker/policy.js"
-import { ImagesLive } from "../src/lib/images.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
 import { open, resume, type Session } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
-import { ensureTestImage, testHome, vmSkipReason } from "./e2e-vm-image.js"
+import { ensureTestImage, testHome, vmSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
 import { startModelMock } from "./support/modelMock.js"
 
 const skip = vmSkipReason()
@@ -83,18 +73,7 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
           credentials: [],
           resolve: { "api.anthropic.com": `127.0.0.1:${mock.port}` }
         }
-        const layer = Layer.mergeAll(
-          SessionStoreLive,
-          RuntimeLockLive,
-          GuestRpcLive,
-          httpsBrokerLayer({ extraUpstreamCa: [mock.caPem] }),
-          QemuVmmLive({ note: () => undefined }),
-          ImagesLive
-        ).pipe(
-          Layer.provideMerge(aboxPathsAt(home)),
-          Layer.provideMerge(NodeCommandExecutor.layer),
-          Layer.provideMerge(NodeFileSystem.layer)
-        )
+        const layer = vmSessionLayer(home, mock.caPem)
 
         mock.push(
           {

@@ -6,26 +6,16 @@
  * config.raw, console.log, broker.log, …), not on the VMM's command line or in its environment,
  * not in the guest's environment.
  */
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import type { BrokerPolicy } from "../src/lib/broker/policy.js"
-import { ImagesLive } from "../src/lib/images.js"
 import { open, resume } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
-import { ensureTestImage, processesMentioning, testHome, vmSkipReason } from "./e2e-vm-image.js"
+import { ensureTestImage, processesMentioning, testHome, vmSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
 import { startUpstream } from "./support/brokerHarness.js"
 
 const skip = vmSkipReason()
@@ -131,18 +121,7 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
           credentials: [{ host: "api.test.local", header: "x-api-key", fromEnv: "ABOX_TEST_CANARY_KEY" }],
           resolve: { "api.test.local": "127.0.0.1", "front.test.local": "127.0.0.1" }
         }
-        const layer = Layer.mergeAll(
-          SessionStoreLive,
-          RuntimeLockLive,
-          GuestRpcLive,
-          httpsBrokerLayer({ extraUpstreamCa: [upstream.caPem] }),
-          QemuVmmLive({ note: () => undefined }),
-          ImagesLive
-        ).pipe(
-          Layer.provideMerge(aboxPathsAt(home)),
-          Layer.provideMerge(NodeCommandExecutor.layer),
-          Layer.provideMerge(NodeFileSystem.layer)
-        )
+        const layer = vmSessionLayer(home, upstream.caPem)
         const vmmCommandLines: Array<string> = []
         const recordVmm = (dir: string) =>
           Effect.sync(() => {

@@ -19,9 +19,12 @@ import * as path from "node:path"
 import * as Chunk from "effect/Chunk"
 import * as Stream from "effect/Stream"
 import { writeConfigDisk } from "../src/lib/disk.js"
-import { goldenOf, listImages, type RegisteredImage, resolveImage } from "../src/lib/images.js"
+import { goldenOf, ImagesLive, listImages, type RegisteredImage, resolveImage } from "../src/lib/images.js"
 import type { GuestConfig } from "../src/protocol/GuestConfig.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
+import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
+import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import { GuestRpc } from "../src/services/GuestRpc.js"
 import { type CloseBounds, VmmBackend } from "../src/services/VmmBackend.js"
@@ -37,6 +40,24 @@ export const vmLayer = Layer.mergeAll(
   QemuVmmLive({ note: () => undefined }),
   NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
 )
+
+/**
+ * what a whole-session VM test runs on: every live service over `home` (an ABOX_HOME of its own),
+ * the real QEMU backend, and a broker that also trusts the test upstream's CA
+ */
+export const vmSessionLayer = (home: string, upstreamCaPem: string) =>
+  Layer.mergeAll(
+    SessionStoreLive,
+    RuntimeLockLive,
+    GuestRpcLive,
+    httpsBrokerLayer({ extraUpstreamCa: [upstreamCaPem] }),
+    QemuVmmLive({ note: () => undefined }),
+    ImagesLive
+  ).pipe(
+    Layer.provideMerge(aboxPathsAt(home)),
+    Layer.provideMerge(NodeCommandExecutor.layer),
+    Layer.provideMerge(NodeFileSystem.layer)
+  )
 
 export const repoRoot = path.resolve(import.meta.dirname, "..")
 export const testHome = path.join(repoRoot, ".build", "test-home")

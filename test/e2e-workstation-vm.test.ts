@@ -11,29 +11,19 @@
  * - the `openai` and `@anthropic-ai/sdk` clients making a streamed (SSE) request;
  * - a denied host and plain HTTP: each client reports a 403 with the reason, promptly.
  */
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
 import { execFileSync } from "node:child_process"
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { httpsBrokerLayer } from "../src/layers/HttpsBrokerLive.js"
-import { QemuVmmLive } from "../src/layers/QemuVmm.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { type BrokerPolicy, presetRules, withRules } from "../src/lib/broker/policy.js"
-import { ImagesLive } from "../src/lib/images.js"
 import { open } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
-import { ensureWorkstationImage, repoRoot, testHome, workstationSkipReason } from "./e2e-vm-image.js"
+import { ensureWorkstationImage, repoRoot, testHome, workstationSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
 import { makeWheel, type NpmPackage, packDirectory, startWorkstationUpstream } from "./support/workstationUpstream.js"
 
 const hasGit = (() => {
@@ -220,18 +210,7 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
         const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-ws-home-"))
         fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
         yield* Effect.addFinalizer(() => Effect.sync(() => fs.rmSync(home, { recursive: true, force: true })))
-        const layer = Layer.mergeAll(
-          SessionStoreLive,
-          RuntimeLockLive,
-          GuestRpcLive,
-          httpsBrokerLayer({ extraUpstreamCa: [upstream.caPem] }),
-          QemuVmmLive({ note: () => undefined }),
-          ImagesLive
-        ).pipe(
-          Layer.provideMerge(aboxPathsAt(home)),
-          Layer.provideMerge(NodeCommandExecutor.layer),
-          Layer.provideMerge(NodeFileSystem.layer)
-        )
+        const layer = vmSessionLayer(home, upstream.caPem)
 
         const results = yield* Effect.scoped(
           Effect.gen(function* () {
