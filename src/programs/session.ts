@@ -41,7 +41,7 @@ import {
   type VmHandle
 } from "../services/VmmBackend.js"
 import { hostArch } from "../lib/arch.js"
-import { withRules } from "../lib/broker/policy.js"
+import { withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,

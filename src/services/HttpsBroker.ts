@@ -3,10 +3,10 @@ import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Stream from "effect/Stream"
-import type { BrokerPolicy } from "../lib/broker/policy.js"
+import type { BrokerPolicy } from "../broker/policy.js"
 import type { TunnelRequest } from "./GuestRpc.js"
 
-export type { BrokerPolicy } from "../lib/broker/policy.js"
+export type { BrokerPolicy } from "../broker/policy.js"
 
 /** The policy file is missing, unreadable or does not decode (its path and the reason). */
 export class BrokerPolicyError extends Schema.TaggedError<BrokerPolicyError>()("BrokerPolicyError", {

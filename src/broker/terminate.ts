@@ -8,7 +8,7 @@ import * as http from "node:http"
 import * as https from "node:https"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
-import { CREDENTIAL_PLACEHOLDER } from "../../protocol/GuestConfig.js"
+import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { normalizeHost } from "./host.js"
 
 export interface RequestRecord {

@@ -5,7 +5,7 @@ import * as Runtime from "effect/Runtime"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { Duplex } from "node:stream"
-import type { GuestDisconnected } from "../../services/GuestRpc.js"
+import type { GuestDisconnected } from "../services/GuestRpc.js"
 
 /** bytes queued towards the guest before node's writes wait */
 const WRITE_BUFFER = 256 * 1024

@@ -17,15 +17,15 @@ import * as path from "node:path"
 import { describeParseError } from "../lib/parseErrors.js"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
-import { makeSessionCa } from "../lib/broker/ca.js"
-import { channelDuplex } from "../lib/broker/channel.js"
-import { readClientHello } from "../lib/broker/clientHello.js"
+import { makeSessionCa } from "./ca.js"
+import { channelDuplex } from "./channel.js"
+import { readClientHello } from "./clientHello.js"
 import {
   BROKER_LOG_FILE,
   type BrokerLogEntry,
   type BrokerLogOptions,
   openBrokerLog
-} from "../lib/broker/log.js"
+} from "./log.js"
 import {
   type BrokerPolicy,
   checkResolved,
@@ -33,8 +33,8 @@ import {
   type CredentialRule,
   decide,
   decodePolicyJson
-} from "../lib/broker/policy.js"
-import { terminateTunnel } from "../lib/broker/terminate.js"
+} from "./policy.js"
+import { terminateTunnel } from "./terminate.js"
 import type { TunnelRequest } from "../services/GuestRpc.js"
 import {
   BrokerError,
