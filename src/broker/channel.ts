@@ -1,7 +1,6 @@
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
-import * as Runtime from "effect/Runtime"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { Duplex } from "node:stream"
@@ -14,7 +13,13 @@ const MAX_BATCH = 64 * 1024
 /** bytes from the guest buffered before the reader waits */
 const READ_BUFFER = 256 * 1024
 
-/** The accepted side of a `TunnelRequest`: protocol channel reads, writes and close. */
+/**
+ * A tunnel's channel once accepted: the seam between the broker and the host protocol. Bytes
+ * from the guest as a Stream, bytes to the guest as a write, and `close` (the channel's end,
+ * run once, by the scope the tunnel is served in). `TunnelRequest.accept` supplies one today;
+ * any transport that gives a Stream in, a write out and a Scope can (see `serveChannel` in
+ * HttpsBrokerLive.ts).
+ */
 export interface TunnelChannel {
   readonly read: Stream.Stream<Uint8Array, GuestDisconnected>
   readonly write: (chunk: Uint8Array) => Effect.Effect<void, GuestDisconnected>
@@ -32,33 +37,54 @@ export interface ChannelDuplex {
   readonly closed: Effect.Effect<void>
 }
 
+/** a one-shot wake-up for a fiber waiting on node: `wait` suspends until `signal` (or returns at once if it came first) */
+const makeSignal = () => {
+  let signalled = false
+  let waiter: (() => void) | undefined
+  return {
+    signal: () => {
+      signalled = true
+      const w = waiter
+      waiter = undefined
+      w?.()
+    },
+    wait: Effect.async<void>((resume) => {
+      if (signalled) {
+        signalled = false
+        return resume(Effect.void)
+      }
+      waiter = () => {
+        signalled = false
+        resume(Effect.void)
+      }
+      return Effect.sync(() => {
+        waiter = undefined
+      })
+    })
+  }
+}
+
 /**
- * Bridge a tunnel channel to a node Duplex, with backpressure both ways: a reader fiber (in the
- * given scope) pushes guest bytes and waits when node's buffer is full; node's writes wait for
- * the channel's write. Node streams call back outside Effect, so the captured runtime runs the
- * channel's effects from those callbacks.
+ * Bridge a tunnel channel to a node Duplex, with backpressure both ways. Two fibers in the given
+ * scope run every channel effect: a reader pushes guest bytes and waits while node's buffer is
+ * full; a writer takes what node wrote, coalesced, one channel write at a time, and closes the
+ * channel after the last byte (or when the duplex is destroyed). Node's callbacks only queue and
+ * wake them, so closing the scope interrupts both and nothing runs outside it.
  */
 export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDuplex, never, Scope.Scope> =>
   Effect.gen(function* () {
-    const runtime = yield* Effect.runtime<never>()
-    const run = Runtime.runCallback(runtime)
     let up = 0
     let down = 0
     let wakeReader: (() => void) | undefined
-    let closing = false
-    const closeChannel = () => {
-      if (closing) return
-      closing = true
-      run(channel.close)
-    }
+    const writerWake = makeSignal()
 
     // Writes are queued and acknowledged at once while under WRITE_BUFFER bytes: node's TLS
     // hands a stream one write at a time, so waiting for each channel write would make the tunnel
-    // latency-bound. One writer drains the queue, coalescing chunks into bigger channel writes.
+    // latency-bound. The writer fiber drains the queue, coalescing chunks into bigger writes.
     const queued: Array<Buffer> = []
     let queuedBytes = 0
-    let writing = false
     let writeError: Error | undefined
+    let closeRequested = false
     let blocked: ((error?: Error | null) => void) | undefined
     let finalCallback: ((error?: Error | null) => void) | undefined
     const release = () => {
@@ -67,34 +93,6 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
         blocked = undefined
         callback(writeError ?? null)
       }
-      if (finalCallback !== undefined && !writing && (queued.length === 0 || writeError !== undefined)) {
-        const done = finalCallback
-        finalCallback = undefined
-        closeChannel()
-        done(writeError ?? null)
-      }
-    }
-    const pumpWrites = () => {
-      if (writing || queued.length === 0 || writeError !== undefined) return release()
-      writing = true
-      const batch: Array<Buffer> = []
-      let size = 0
-      while (queued.length > 0 && size < MAX_BATCH) {
-        const next = queued.shift()!
-        batch.push(next)
-        size += next.length
-      }
-      const merged = batch.length === 1 ? batch[0]! : Buffer.concat(batch, size)
-      run(channel.write(merged), {
-        onExit: (exit) => {
-          writing = false
-          queuedBytes -= size
-          if (Exit.isFailure(exit)) writeError = new Error("tunnel channel closed")
-          pumpWrites()
-          if (writeError !== undefined && !duplex.destroyed) duplex.destroy(writeError)
-        }
-      })
-      release()
     }
 
     const duplex: Duplex = new Duplex({
@@ -112,18 +110,69 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
         queued.push(chunk)
         queuedBytes += chunk.length
         blocked = callback
-        pumpWrites()
+        release()
+        writerWake.signal()
       },
       final(callback) {
         finalCallback = callback
-        pumpWrites()
+        writerWake.signal()
       },
       destroy(error, callback) {
-        closeChannel()
+        closeRequested = true
+        writerWake.signal()
         const wake = wakeReader
         wakeReader = undefined
         wake?.()
         callback(error)
+      }
+    })
+
+    const takeBatch = () => {
+      const batch: Array<Buffer> = []
+      let size = 0
+      while (queued.length > 0 && size < MAX_BATCH) {
+        const next = queued.shift()!
+        batch.push(next)
+        size += next.length
+      }
+      return { merged: batch.length === 1 ? batch[0]! : Buffer.concat(batch, size), size }
+    }
+
+    let channelClosed = false
+    const closeChannel = Effect.suspend(() => {
+      if (channelClosed) return Effect.void
+      channelClosed = true
+      return channel.close
+    })
+    /** after the last byte (end) or at once (destroyed): the channel's close, then node's final callback */
+    const finish = Effect.suspend(() => {
+      const done = finalCallback
+      finalCallback = undefined
+      return Effect.as(closeChannel, done)
+    }).pipe(
+      Effect.map((done) => done?.(writeError ?? null)),
+      Effect.uninterruptible
+    )
+
+    const writer: Effect.Effect<void> = Effect.gen(function* () {
+      while (true) {
+        if (closeRequested || writeError !== undefined) return yield* finish
+        if (queued.length > 0) {
+          const { merged, size } = takeBatch()
+          const exit = yield* Effect.exit(channel.write(merged))
+          queuedBytes -= size
+          if (Exit.isFailure(exit)) {
+            writeError = new Error("tunnel channel closed")
+            queued.length = 0
+            release()
+            if (!duplex.destroyed) duplex.destroy(writeError)
+            return yield* finish
+          }
+          release()
+          continue
+        }
+        if (finalCallback !== undefined) return yield* finish
+        yield* writerWake.wait
       }
     })
 
@@ -143,10 +192,16 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
       }),
       Effect.forkScoped
     )
+    const writerFiber = yield* Effect.forkScoped(writer)
     yield* Effect.addFinalizer(() =>
       Effect.sync(() => {
         if (!duplex.destroyed) duplex.destroy()
-      }).pipe(Effect.zipRight(Fiber.interrupt(reader)))
+      }).pipe(
+        Effect.zipRight(Fiber.interrupt(reader)),
+        // a write still in flight is interrupted; the channel is closed either way
+        Effect.zipRight(Fiber.interrupt(writerFiber)),
+        Effect.zipRight(closeChannel)
+      )
     )
     const closed = Effect.async<void>((resume) => {
       if (duplex.closed) return resume(Effect.void)

@@ -21,6 +21,12 @@ export class BrokerError extends Schema.TaggedError<BrokerError>()("BrokerError"
   message: Schema.String
 }) {}
 
+/** One tunnel could not be served (the broker's fault, not the guest's): logged, ends that tunnel only. */
+export class TunnelFailed extends Schema.TaggedError<TunnelFailed>()("TunnelFailed", {
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
 export interface BrokerSessionInfo {
   readonly sessionId: string
   /** broker.log is written here */
