@@ -1,3 +1,4 @@
+import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ExecutionStrategy from "effect/ExecutionStrategy"
@@ -548,6 +549,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         recorded.image !== undefined ? `${recorded.image.name}@${recorded.image.digest}` : undefined
       )
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
+      const now = yield* Clock.currentTimeMillis
       const meta = yield* store.update(id, (current) => ({
         ...current,
         model: options.model ?? current.model,
@@ -563,7 +565,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         policy,
         guest: compat.guest,
         vmm: compat.vmm,
-        ...(compat.backfilled ? { backfilled: new Date().toISOString() } : {})
+        ...(compat.backfilled ? { backfilled: new Date(now).toISOString() } : {})
       }))
       const booted = yield* boot(
         meta,
