@@ -392,7 +392,7 @@ const sessionFrom = (
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
         ).pipe(Effect.as(connection.turn(text, mode)))
-      ),
+      ).pipe(Stream.withSpan("Session.turn", { attributes: { session: meta.id, mode: mode ?? "shell" } })),
     ttyTurn: (text, request) =>
       // a guest without tty turns refuses before a turn number is taken
       connection.hello.features?.includes(FEATURE_TTY) !== true
@@ -402,7 +402,7 @@ const sessionFrom = (
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
         ).pipe(Effect.as(connection.ttyTurn(text, request)))
-      ),
+      ).pipe(Stream.withSpan("Session.ttyTurn", { attributes: { session: meta.id } })),
     modelSpec: booted.modelSpec,
     skipped
   }
