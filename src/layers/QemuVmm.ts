@@ -8,14 +8,9 @@ import * as Ref from "effect/Ref"
 import { execFile } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
-import type { GuestArch } from "../services/SessionStore.js"
-import {
-  VmmBackend,
-  type VmmBackendShape,
-  VmmError,
-  VmmUnavailable,
-  type VmSpec
-} from "../services/VmmBackend.js"
+import type { GuestArch } from "../domain/session.js"
+import { VmmBackend, type VmmBackendShape } from "../services/VmmBackend.js"
+import { VmmError, VmmUnavailable, type VmSpec } from "../domain/vm.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
 import { hostArch } from "../lib/arch.js"
 import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
