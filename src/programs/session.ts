@@ -37,7 +37,7 @@ import { SessionStore, StoreIoError, type SessionMeta } from "../services/Sessio
 import { VmmBackend } from "../services/VmmBackend.js"
 import { VmmError, type CloseBounds, type RepoDisks, type VmHandle } from "../domain/vm.js"
 import { hostArch } from "../lib/arch.js"
-import { withRules } from "../lib/broker/policy.js"
+import { withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,
