@@ -5,8 +5,9 @@ import * as Schema from "effect/Schema"
 import {
   CONTROL_CHANNEL,
   decodeCredit,
-  encodeCredit,
-  FRAME_HEADER_BYTES,
+  encodeCreditFrame,
+  encodeFrame,
+  encodeFrameHeader,
   FrameDecoder,
   FrameError,
   FrameKind,
@@ -458,20 +459,12 @@ export class Mux {
     if (this.closed || this.ending || this.stream.destroyed || !this.stream.writable) {
       return Promise.reject(this.error ?? new MuxError("mux closed"))
     }
-    const header = new Uint8Array(FRAME_HEADER_BYTES)
-    const view = new DataView(header.buffer)
-    view.setUint32(0, payload.length)
-    view.setUint32(4, channel)
-    view.setUint8(8, kind)
     let ok: boolean
     if (payload.length < CONCAT_BELOW) {
-      const bytes = new Uint8Array(FRAME_HEADER_BYTES + payload.length)
-      bytes.set(header, 0)
-      bytes.set(payload, FRAME_HEADER_BYTES)
-      ok = this.stream.write(bytes)
+      ok = this.stream.write(encodeFrame({ channel, kind, payload }))
     } else {
       this.stream.cork()
-      this.stream.write(header)
+      this.stream.write(encodeFrameHeader(channel, kind, payload.length))
       ok = this.stream.write(payload)
       this.stream.uncork()
     }
@@ -483,13 +476,7 @@ export class Mux {
   /** @internal credit is never held back by backpressure: it is what unblocks the peer */
   sendCredit(channel: number, bytes: number): void {
     if (this.closed || this.ending || this.stream.destroyed || !this.stream.writable || bytes === 0) return
-    const frame = new Uint8Array(FRAME_HEADER_BYTES + 4)
-    const view = new DataView(frame.buffer)
-    view.setUint32(0, 4)
-    view.setUint32(4, channel)
-    view.setUint8(8, FrameKind.Credit)
-    frame.set(encodeCredit(bytes), FRAME_HEADER_BYTES)
-    this.stream.write(frame)
+    this.stream.write(encodeCreditFrame(channel, bytes))
   }
 
   /** @internal */
