@@ -111,6 +111,14 @@ export const decodeControlPayload = (payload: Uint8Array): Either.Either<Control
 
 /** small frames are written as one buffer; bigger ones as header + payload (corked: one writev) */
 const CONCAT_BELOW = 16 * 1024
+/**
+ * Bytes the stream may hold unsent (its `writableLength`) before writers wait for 'drain'. Node's
+ * own mark (16 KiB) would make every DATA frame above it wait a tick for 'drain' even when the
+ * kernel took it whole; what the stream holds is bounded anyway by the channels' credit (DATA)
+ * and this mark (control), so the Mux waits only when the peer really stops reading.
+ */
+const WRITE_HIGH_WATER = MAX_FRAME_PAYLOAD
+const resolved: Promise<void> = Promise.resolve()
 
 type ControlHandler = (message: ControlMessage) => void | Promise<unknown>
 
@@ -228,29 +236,54 @@ class Channel implements MuxChannel {
     waiter?.resolve()
   }
 
-  private async *iterator(): AsyncGenerator<Uint8Array> {
-    if (this.iterating) throw new MuxError(`channel ${this.id} is already being read`)
+  /**
+   * The reader: a plain iterator rather than an async generator (no generator frame and
+   * promise chain per chunk); a chunk already buffered is handed out in an already-resolved
+   * promise. Concurrent `next()` calls are answered in call order.
+   */
+  private iterator(): AsyncIterator<Uint8Array> {
+    if (this.iterating) {
+      const error = new MuxError(`channel ${this.id} is already being read`)
+      return {
+        next: () => Promise.reject(error),
+        return: () => Promise.resolve({ done: true, value: undefined })
+      }
+    }
     this.iterating = true
-    while (true) {
-      if (this.dropped && this.failure !== undefined) throw this.failure
+    let finished = false
+    const done = (): Promise<IteratorResult<Uint8Array>> => {
+      finished = true
+      return Promise.resolve({ done: true, value: undefined })
+    }
+    const next = (): Promise<IteratorResult<Uint8Array>> => {
+      if (finished) return Promise.resolve({ done: true, value: undefined })
+      if (this.dropped && this.failure !== undefined) {
+        finished = true
+        return Promise.reject(this.failure)
+      }
       const chunk = this.chunks.shift()
       if (chunk !== undefined) {
         this.bufferedBytes -= chunk.length
         this.grant(chunk.length)
-        yield chunk
-        continue
+        return Promise.resolve({ done: false, value: chunk })
       }
-      if (this.peerEof) return
-      this.readWaiter = deferred()
-      await this.readWaiter.promise
+      if (this.peerEof) return done()
+      if (this.readWaiter === undefined) this.readWaiter = deferred()
+      return this.readWaiter.promise.then(next)
     }
+    return { next, return: done }
   }
 
-  /** credit goes back in batches of a quarter window (or at once when the buffer is empty) */
+  /**
+   * Credit goes back in batches of a quarter window. A sender waits only once its whole window
+   * is unacknowledged, and a reader that has taken a quarter of that grants it back, so batching
+   * never stalls a sender; a bulk transfer then costs one CREDIT frame per quarter window, not
+   * one per read (as granting whenever the buffer ran empty did).
+   */
   private grant(bytes: number): void {
     this.consumed += bytes
     if (this.peerEof || this.failure !== undefined) return
-    if (this.consumed >= this.window / 4 || this.chunks.length === 0) {
+    if (this.consumed >= this.window / 4) {
       const grant = this.consumed
       this.consumed = 0
       this.unacked -= grant
@@ -468,7 +501,7 @@ export class Mux {
       ok = this.stream.write(payload)
       this.stream.uncork()
     }
-    if (ok) return Promise.resolve()
+    if (ok || this.stream.writableLength < WRITE_HIGH_WATER) return resolved
     if (this.drainWaiter === undefined) this.drainWaiter = deferred()
     return this.drainWaiter.promise
   }
