@@ -86,9 +86,36 @@ const encodeControl = Schema.encodeSync(Schema.parseJson(ControlMessage))
 const utf8 = new TextDecoder("utf-8", { fatal: true })
 const utf8Encoder = new TextEncoder()
 
+/**
+ * Each member of ControlMessage by its `type` literal: the union would pick the same member by
+ * that literal, so decoding or encoding with the member alone checks exactly as much, without
+ * the union's search. Anything else (no such type, a failure) goes through the whole union, so
+ * that results and error messages are the union's.
+ */
+interface MemberCodec {
+  readonly decode: (input: unknown) => Either.Either<ControlMessage, ParseResult.ParseError>
+  readonly encode: (message: ControlMessage) => Either.Either<unknown, ParseResult.ParseError>
+}
+const memberCodecs = new Map<string, MemberCodec>()
+for (const member of ControlMessage.members) {
+  const literals: ReadonlyArray<unknown> = member.fields.type.literals
+  const type = literals[0]
+  if (literals.length !== 1 || typeof type !== "string") continue
+  if (memberCodecs.has(type)) throw new Error(`two control messages of type ${type}`)
+  const schema = member as unknown as Schema.Schema<ControlMessage, unknown>
+  memberCodecs.set(type, {
+    decode: Schema.decodeUnknownEither(schema),
+    encode: Schema.encodeEither(schema)
+  })
+}
+
 /** the payload of a CONTROL frame: UTF-8 JSON of the Schema-encoded message (throws on an invalid one) */
-export const encodeControlPayload = (message: ControlMessage): Uint8Array =>
-  utf8Encoder.encode(encodeControl(message))
+export const encodeControlPayload = (message: ControlMessage): Uint8Array => {
+  const encoded = memberCodecs.get(message.type)?.encode(message)
+  return utf8Encoder.encode(
+    encoded !== undefined && Either.isRight(encoded) ? JSON.stringify(encoded.right) : encodeControl(message)
+  )
+}
 
 /** a CONTROL frame's payload as a message, or the reason it is not one */
 export const decodeControlPayload = (payload: Uint8Array): Either.Either<ControlMessage, MuxError> => {
@@ -97,6 +124,18 @@ export const decodeControlPayload = (payload: Uint8Array): Either.Either<Control
     text = utf8.decode(payload)
   } catch (cause) {
     return Either.left(new MuxError("control frame is not UTF-8", { cause }))
+  }
+  let json: unknown = undefined
+  try {
+    json = JSON.parse(text)
+  } catch {
+    // the union's decoder reports it
+  }
+  const type = typeof json === "object" && json !== null ? (json as { readonly type?: unknown }).type : undefined
+  const member = typeof type === "string" ? memberCodecs.get(type) : undefined
+  if (member !== undefined) {
+    const decoded = member.decode(json)
+    if (Either.isRight(decoded)) return Either.right(decoded.right)
   }
   const decoded = decodeControl(text)
   if (Either.isLeft(decoded)) {
