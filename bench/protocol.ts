@@ -6,7 +6,7 @@ import * as Exit from "effect/Exit"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
-import { Mux } from "../src/protocol/Mux.js"
+import { GUEST_RECEIVE_WINDOW, Mux } from "../src/protocol/Mux.js"
 import { GuestRpc, type GuestConnection } from "../src/services/GuestRpc.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
 
@@ -25,13 +25,16 @@ const CHUNK = 64 * 1024
 let counter = 0
 const socketIn = (ctx: BenchContext) => path.join(ctx.tmp, `proto-${process.pid}-${counter++}.sock`)
 
-/** a fake guest: hello/ready, no-op turns, transfers counted and acknowledged */
+/**
+ * a fake guest: hello/ready, no-op turns, transfers counted and acknowledged; its receive window
+ * is the guest agent's (src/guest/agentMain.ts), advertised in hello as the agent does
+ */
 const startGuest = (socketPath: string): Promise<net.Socket> =>
   new Promise((resolve, reject) => {
     const socket = net.connect(socketPath)
     socket.once("error", reject)
     socket.once("connect", () => {
-      const mux = new Mux(socket)
+      const mux = new Mux(socket, { receiveWindow: GUEST_RECEIVE_WINDOW })
       mux.onError(() => undefined)
       mux.onControl((m) => {
         switch (m.type) {
@@ -53,7 +56,13 @@ const startGuest = (socketPath: string): Promise<net.Socket> =>
             return mux.close()
         }
       })
-      void mux.sendControl({ type: "hello", protocol: 4, arch: "x86_64", build: "bench" })
+      void mux.sendControl({
+        type: "hello",
+        protocol: 4,
+        arch: "x86_64",
+        build: "bench",
+        window: GUEST_RECEIVE_WINDOW
+      })
       void mux.sendControl({ type: "ready" })
       resolve(socket)
     })
