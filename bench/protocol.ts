@@ -179,7 +179,10 @@ export const muxRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
   const host = new Mux(socket)
   let waiter: (() => void) | undefined
   host.onControl(() => waiter?.())
+  const { client, server: echo } = await rawPair(socketIn(ctx))
+  // mux and floor runs alternate, so that both see the same load on a shared machine
   const muxRuns: Array<number> = []
+  const floorRuns: Array<number> = []
   for (let r = 0; r <= ctx.runs; r++) {
     const start = performance.now()
     for (let i = 0; i < TURNS_PER_RUN; i++) {
@@ -188,16 +191,15 @@ export const muxRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
         void host.sendControl({ type: "user_turn", turn: i + 1, text: "true" })
       })
     }
-    if (r > 0) muxRuns.push((performance.now() - start) / TURNS_PER_RUN)
+    const muxMs = (performance.now() - start) / TURNS_PER_RUN
+    const floorMs = await echoRoundTrips(client, TURNS_PER_RUN)
+    if (r > 0) {
+      muxRuns.push(muxMs)
+      floorRuns.push(floorMs)
+    }
   }
   host.destroy()
   server.close()
-  const { client, server: echo } = await rawPair(socketIn(ctx))
-  const floorRuns: Array<number> = []
-  for (let r = 0; r <= ctx.runs; r++) {
-    const ms = await echoRoundTrips(client, TURNS_PER_RUN)
-    if (r > 0) floorRuns.push(ms)
-  }
   client.destroy()
   echo.close()
   const muxMs = median(muxRuns)
@@ -242,24 +244,25 @@ export const transfer50MB = async (ctx: BenchContext): Promise<Figure> => {
   // one buffer sent over and over, as the floor does: the figure measures the transport, not allocation
   const block = new Uint8Array(CHUNK)
   const tar = Stream.range(1, TRANSFER_BYTES / CHUNK).pipe(Stream.map(() => block))
-  const muxMs = await withConnection(ctx, (conn) =>
+  // mux and floor runs alternate, so that both see the same load on a shared machine
+  const [muxMs, floorMs] = await withConnection(ctx, (conn) =>
     Effect.gen(function* () {
-      const perRun: Array<number> = []
+      const muxRuns: Array<number> = []
+      const floorRuns: Array<number> = []
       for (let r = 0; r <= ctx.runs; r++) {
         const start = performance.now()
         const result = yield* conn.transfer(tar, "/work/repo")
         if (result.bytes !== TRANSFER_BYTES) return yield* Effect.die(`guest got ${result.bytes} bytes`)
-        if (r > 0) perRun.push(performance.now() - start)
+        const muxMs = performance.now() - start
+        const floorMs = yield* Effect.promise(() => rawTransfer(socketIn(ctx)))
+        if (r > 0) {
+          muxRuns.push(muxMs)
+          floorRuns.push(floorMs)
+        }
       }
-      return median(perRun)
+      return [median(muxRuns), median(floorRuns)] as const
     })
   )
-  const floorRuns: Array<number> = []
-  for (let r = 0; r <= ctx.runs; r++) {
-    const ms = await rawTransfer(socketIn(ctx))
-    if (r > 0) floorRuns.push(ms)
-  }
-  const floorMs = median(floorRuns)
   return {
     ratio: round(floorMs / muxMs),
     medianMs: round(muxMs, 1),
