@@ -29,15 +29,9 @@ import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import { hostArch } from "../lib/arch.js"
-import type { CloseOutcome } from "../services/SessionStore.js"
-import {
-  VmmBackend,
-  VmmError,
-  type VmExit,
-  type VmHandle,
-  type VmmBackendShape,
-  type VmSpec
-} from "../services/VmmBackend.js"
+import type { CloseOutcome } from "../domain/session.js"
+import { VmmBackend, type VmmBackendShape } from "../services/VmmBackend.js"
+import { VmmError, type VmExit, type VmHandle, type VmSpec } from "../domain/vm.js"
 
 /** the uid:gid turn processes get when the tests run as root (exists on every host: nobody) */
 export const FAKE_GUEST_USER = "65534:65534"

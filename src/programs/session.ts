@@ -30,18 +30,14 @@ import {
 import { FEATURE_TTY } from "../protocol/Messages.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { HttpsBroker, type BrokerPolicy, type BrokerSession } from "../services/HttpsBroker.js"
-import { Images, type GoldenImage } from "../services/Images.js"
+import { Images } from "../services/Images.js"
+import { type GoldenImage } from "../domain/image.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
-import {
-  VmmBackend,
-  VmmError,
-  type CloseBounds,
-  type RepoDisks,
-  type VmHandle
-} from "../services/VmmBackend.js"
+import { VmmBackend } from "../services/VmmBackend.js"
+import { VmmError, type CloseBounds, type RepoDisks, type VmHandle } from "../domain/vm.js"
 import { hostArch } from "../lib/arch.js"
-import { withRules } from "../lib/broker/policy.js"
+import { withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,

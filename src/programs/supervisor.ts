@@ -49,7 +49,7 @@ import {
 } from "../protocol/Control.js"
 import type { TtyControl } from "../services/GuestRpc.js"
 import * as Repo from "./repo.js"
-import { RepoPathInvalid } from "../services/RepoErrors.js"
+import { RepoPathInvalid } from "../domain/repoErrors.js"
 import type { Session } from "./session.js"
 
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (src/lib/socketPath.ts) */
