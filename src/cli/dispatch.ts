@@ -45,6 +45,9 @@ const alone_ = {
   start: () => import("./commands/detached.js").then((m) => alone(m.startCommand))
 } satisfies Record<string, () => Promise<CliRun>>
 
+/** the subcommands that run alone */
+export const lightCommands: ReadonlyArray<string> = Object.keys(alone_)
+
 /** every subcommand, on every service (what any other command line runs) */
 const full = (): Promise<CliRun> =>
   Promise.all([import("./main.js"), import("../layers/Main.js")]).then(
