@@ -15,7 +15,7 @@ import * as Schema from "effect/Schema"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
-import type { RepoDisks } from "../services/VmmBackend.js"
+import type { RepoDisks } from "../domain/vm.js"
 import { vfkitRequest } from "./vfkitRest.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
