@@ -38,6 +38,9 @@ export const sessionSocketPath = (
   return path.join(shortSocketDir(uid), `${hash}-${name}`)
 }
 
+/** a session's control socket: `<dir>/control.sock`, or the short-path fallback (see `sessionSocketPath`) */
+export const controlSocketPath = (sessionDir: string): string => sessionSocketPath(sessionDir, "control.sock")
+
 /** the host end of the guest RPC channel of a session (see `sessionSocketPath`) */
 export const rpcSocketPath = (
   sessionDir: string,
