@@ -6,8 +6,8 @@
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-import * as Mailbox from "effect/Mailbox"
-import type * as Scope from "effect/Scope"
+import * as Chunk from "effect/Chunk"
+import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import { FEATURE_TTY, type HelloMessage } from "../../protocol/Messages.js"
 import {
@@ -16,7 +16,7 @@ import {
   TtyUnsupported,
   type TurnEvent
 } from "../../services/GuestRpc.js"
-import type { Dispatcher } from "./dispatcher.js"
+import type { Dispatcher, TurnRoute } from "./dispatcher.js"
 import type { HostMux } from "./MuxAdapter.js"
 import { checkOpen } from "./tunnels.js"
 
@@ -26,43 +26,67 @@ const CANCEL_WAIT = Duration.seconds(10)
 export const makeTurns = (link: HostMux, dispatcher: Dispatcher, hello: HelloMessage) => {
   let nextTurn = (hello.contextTurns ?? 0) + 1
 
-  const runTurn = (
-    start: (id: number) => Effect.Effect<void, GuestRpcError, Scope.Scope>
-  ): Stream.Stream<TurnEvent, GuestRpcError> =>
-    Stream.unwrapScoped(
-      Effect.gen(function* () {
-        yield* checkOpen(dispatcher)
-        const id = nextTurn++
-        const route = yield* dispatcher.openTurn(id)
-        yield* Effect.addFinalizer(() =>
-          Effect.suspend(() => {
-            route.abandoned = true
-            // interrupted before its end: the guest stops the turn, and the next turn waits
-            // (bounded) for it to be over
-            const cancel =
-              !route.ended && link.isOpen()
-                ? Effect.zipRight(
-                    link.send({ type: "cancel", turn: id }).pipe(Effect.ignore),
-                    Deferred.await(route.done).pipe(
-                      Effect.interruptible,
-                      Effect.timeout(CANCEL_WAIT),
-                      Effect.ignore
-                    )
-                  )
-                : Effect.void
-            return Effect.zipRight(
-              cancel,
-              Effect.suspend(() => {
-                dispatcher.turns.delete(id)
-                return route.events.shutdown
-              })
+  /** interrupted before its end: the guest stops the turn, and the next turn waits (bounded) for it */
+  const release = (id: number, route: TurnRoute): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      route.abandoned = true
+      const cancel =
+        !route.ended && link.isOpen()
+          ? Effect.zipRight(
+              link.send({ type: "cancel", turn: id }).pipe(Effect.ignore),
+              Deferred.await(route.done).pipe(
+                Effect.interruptible,
+                Effect.timeout(CANCEL_WAIT),
+                Effect.ignore
+              )
             )
-          })
-        )
+          : Effect.void
+      return Effect.zipRight(
+        cancel,
+        Effect.suspend(() => {
+          dispatcher.turns.delete(id)
+          return route.events.shutdown
+        })
+      )
+    })
+
+  /**
+   * One turn as a Stream without a Scope of its own (the per-turn path is hot): the first pull
+   * registers the turn and sends it, later pulls take what the dispatcher delivered.
+   */
+  const runTurn = (
+    start: (id: number) => Effect.Effect<void, GuestRpcError>
+  ): Stream.Stream<TurnEvent, GuestRpcError> =>
+    Stream.suspend(() => {
+      let id = 0
+      let route: TurnRoute | undefined
+      let finished = false
+      const take = (events: TurnRoute["events"]) =>
+        Effect.matchEffect(events.takeAll, {
+          onFailure: (error) => Effect.fail(Option.some(error)),
+          onSuccess: ([chunk, done]): Effect.Effect<Chunk.Chunk<TurnEvent>, Option.Option<never>> => {
+            if (!done) return Effect.succeed(chunk)
+            finished = true
+            return Chunk.isEmpty(chunk) ? Effect.fail(Option.none()) : Effect.succeed(chunk)
+          }
+        })
+      const begin = Effect.gen(function* () {
+        yield* checkOpen(dispatcher)
+        id = nextTurn++
+        const opened = yield* dispatcher.openTurn(id)
+        route = opened
         yield* start(id)
-        return Mailbox.toStream(route.events)
+        return opened.events
       })
-    )
+      const pull = Effect.suspend(() => {
+        if (finished) return Effect.fail(Option.none())
+        if (route !== undefined) return take(route.events)
+        return Effect.flatMap(Effect.mapError(begin, Option.some), take)
+      })
+      return Stream.repeatEffectChunkOption(pull).pipe(
+        Stream.ensuring(Effect.suspend(() => (route === undefined ? Effect.void : release(id, route))))
+      )
+    })
 
   const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
     runTurn(
@@ -83,31 +107,39 @@ export const makeTurns = (link: HostMux, dispatcher: Dispatcher, hello: HelloMes
               "this session's guest has no terminal turns (its image predates them): run image-update and open a new session"
           })
         )
-      : runTurn(
-          Effect.fn("GuestRpc.ttyTurn")(function* (id: number) {
-            yield* link.send({
-              type: "tty_turn",
-              turn: id,
-              text,
-              rows: request.rows,
-              cols: request.cols,
-              ...(request.term === undefined ? {} : { term: request.term })
-            })
-            // the client's keys, sizes and signals follow tty_turn; they stop with the turn's scope
-            yield* request.controls.pipe(
-              Stream.runForEach((control) =>
-                link.send(
-                  control._tag === "Input"
-                    ? { type: "turn_input", turn: id, data: Buffer.from(control.bytes).toString("base64") }
-                    : control._tag === "Resize"
-                      ? { type: "turn_resize", turn: id, rows: control.rows, cols: control.cols }
-                      : { type: "turn_signal", turn: id, signal: control.signal }
+      : Stream.unwrapScoped(
+          Effect.map(Effect.scope, (scope) =>
+            runTurn(
+              Effect.fn("GuestRpc.ttyTurn")(function* (id: number) {
+                yield* link.send({
+                  type: "tty_turn",
+                  turn: id,
+                  text,
+                  rows: request.rows,
+                  cols: request.cols,
+                  ...(request.term === undefined ? {} : { term: request.term })
+                })
+                // the client's keys, sizes and signals follow tty_turn; they stop with the turn
+                yield* request.controls.pipe(
+                  Stream.runForEach((control) =>
+                    link.send(
+                      control._tag === "Input"
+                        ? {
+                            type: "turn_input",
+                            turn: id,
+                            data: Buffer.from(control.bytes).toString("base64")
+                          }
+                        : control._tag === "Resize"
+                          ? { type: "turn_resize", turn: id, rows: control.rows, cols: control.cols }
+                          : { type: "turn_signal", turn: id, signal: control.signal }
+                    )
+                  ),
+                  Effect.ignore,
+                  Effect.forkIn(scope)
                 )
-              ),
-              Effect.ignore,
-              Effect.forkScoped
+              })
             )
-          })
+          )
         )
 
   const cancel = Effect.fn("GuestRpc.cancel")(function* (id: number) {
