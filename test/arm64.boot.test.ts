@@ -23,7 +23,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
 import { QemuVmmLive } from "../src/layers/QemuVmm.js"
 import {
   goldenOf,

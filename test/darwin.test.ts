@@ -19,7 +19,7 @@ import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as fc from "fast-check"
 import { DarwinVmmLive, fallbackSignalFor } from "../src/layers/DarwinVmm.js"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
 import { chooseBackend } from "../src/layers/Lifecycle.js"
 import {
   ensureSocketDir,

@@ -14,7 +14,7 @@ import * as TestClock from "effect/TestClock"
 import { encodeFrame, FrameKind } from "../src/protocol/Frame.js"
 import type { ControlMessage } from "../src/protocol/Messages.js"
 import { Mux } from "../src/protocol/Mux.js"
-import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
+import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
 import { GuestRpc, type GuestRpcOptions } from "../src/services/GuestRpc.js"
 
 const dir = mkdtempSync(join(tmpdir(), "abox-rpc-"))
