@@ -14,7 +14,8 @@ import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import type { AgentEvent, ControlMessage, HelloMessage } from "../protocol/Messages.js"
-import { FEATURE_EXPORT, FEATURE_TTY, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_TTY, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { outputEvents, withOutputChannel } from "./GuestTurnOutput.js"
 import { escapeControl } from "../lib/text.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import { Mux, MuxError } from "../protocol/Mux.js"
@@ -573,7 +574,10 @@ const connect = (
       ).pipe(Stream.withSpan("GuestRpc.exportTree"))
 
     const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
-      runTurn((id) => send({ type: "user_turn", turn: id, text, ...(mode === "prompt" ? { mode } : {}) }))
+      // a shell turn's stdout/stderr on a channel of its own, under its credit (FEATURE_OUTPUT)
+      mode !== "prompt" && helloMessage.features?.includes(FEATURE_OUTPUT) === true
+        ? runTurn((id, output) => send({ type: "user_turn", turn: id, text, output }), true)
+        : runTurn((id) => send({ type: "user_turn", turn: id, text, ...(mode === "prompt" ? { mode } : {}) }))
 
     const ttyTurn = (text: string, request: TtyRequest): Stream.Stream<TurnEvent, TtyUnsupported | GuestRpcError> =>
       // a message type an older v4 guest would not decode: only when the guest lists it
@@ -611,7 +615,10 @@ const connect = (
             })
           )
 
-    const runTurn = (start: (id: number) => Effect.Effect<void, GuestRpcError, Scope.Scope>): Stream.Stream<TurnEvent, GuestRpcError> =>
+    const runTurn = (
+      start: (id: number, output: number) => Effect.Effect<void, GuestRpcError, Scope.Scope>,
+      withOutput = false
+    ): Stream.Stream<TurnEvent, GuestRpcError> =>
       Stream.unwrapScoped(
         Effect.gen(function* () {
           yield* Effect.flatMap(Deferred.poll(terminated), (done) =>
@@ -642,11 +649,19 @@ const connect = (
               yield* Queue.shutdown(entry.queue)
             })
           )
-          yield* start(id)
-          return Stream.fromQueue(entry.queue).pipe(
+          let output: MuxChannel | undefined
+          if (withOutput) {
+            const outputId = nextChannel
+            nextChannel += 2
+            output = mux.channel(outputId)
+            yield* Effect.addFinalizer(() => Effect.sync(() => output!.destroy("turn finished")))
+          }
+          yield* start(id, output?.id ?? 0)
+          const events = Stream.fromQueue(entry.queue).pipe(
             Stream.mapEffect((item) => (isTurnEvent(item) ? Effect.succeed(item) : Effect.fail(item))),
             Stream.takeUntil((event) => event._tag === "End")
           )
+          return output === undefined ? events : withOutputChannel(outputEvents(channelStream(output)), events)
         })
       )
 
