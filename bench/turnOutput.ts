@@ -128,8 +128,6 @@ export const turnOutputStream = async (ctx: BenchContext): Promise<Figure> => {
         "--rm",
         repo,
         "--",
-        "sh",
-        "-c",
         `echo floor-start; seq 1 ${COUNT} | cat > /dev/null; echo floor-end`
       ],
       env,

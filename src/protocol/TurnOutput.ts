@@ -38,39 +38,41 @@ export class OutputRecordError extends Error {
   }
 }
 
-/** the records of a channel's bytes as they arrive; throws OutputRecordError on a malformed one */
+/**
+ * the records of a channel's bytes as they arrive; throws OutputRecordError on a malformed one.
+ * Linear in the bytes however they are cut: a record is copied once at most (not at all when it
+ * lies in one chunk).
+ */
 export class OutputRecordDecoder {
   private pending: Array<Uint8Array> = []
   private pendingBytes = 0
+  /** the record being read: its kind and whole size (header included), once its header is in */
+  private kind: OutputKind | undefined = undefined
+  private need = 0
 
   push(chunk: Uint8Array): ReadonlyArray<OutputRecord> {
-    let bytes: Uint8Array
-    if (this.pendingBytes === 0) bytes = chunk
-    else {
+    if (chunk.length > 0) {
       this.pending.push(chunk)
-      bytes = Buffer.concat(this.pending, this.pendingBytes + chunk.length)
-      this.pending = []
-      this.pendingBytes = 0
+      this.pendingBytes += chunk.length
     }
     const records: Array<OutputRecord> = []
-    let at = 0
-    while (bytes.length - at >= HEADER) {
-      const kindByte = bytes[at]!
-      const kind: OutputKind | undefined = kindByte === 1 ? "stdout" : kindByte === 2 ? "stderr" : undefined
-      if (kind === undefined) throw new OutputRecordError(`unknown record kind ${kindByte}`)
-      const length = ((bytes[at + 1]! << 24) | (bytes[at + 2]! << 16) | (bytes[at + 3]! << 8) | bytes[at + 4]!) >>> 0
-      if (length === 0 || length > MAX_OUTPUT_RECORD) {
-        throw new OutputRecordError(`a record of ${length} bytes (1 to ${MAX_OUTPUT_RECORD})`)
+    for (;;) {
+      if (this.kind === undefined) {
+        if (this.pendingBytes < HEADER) break
+        const head = this.peek(HEADER)
+        const kindByte = head[0]!
+        const kind: OutputKind | undefined = kindByte === 1 ? "stdout" : kindByte === 2 ? "stderr" : undefined
+        if (kind === undefined) throw new OutputRecordError(`unknown record kind ${kindByte}`)
+        const length = ((head[1]! << 24) | (head[2]! << 16) | (head[3]! << 8) | head[4]!) >>> 0
+        if (length === 0 || length > MAX_OUTPUT_RECORD) {
+          throw new OutputRecordError(`a record of ${length} bytes (1 to ${MAX_OUTPUT_RECORD})`)
+        }
+        this.kind = kind
+        this.need = HEADER + length
       }
-      if (bytes.length - at - HEADER < length) break
-      records.push({ kind, bytes: bytes.subarray(at + HEADER, at + HEADER + length) })
-      at += HEADER + length
-    }
-    if (at < bytes.length) {
-      // a copy: the rest is at most one record, and the chunk it came in is not kept alive
-      const rest = Uint8Array.prototype.slice.call(bytes, at)
-      this.pending = [rest]
-      this.pendingBytes = rest.length
+      if (this.pendingBytes < this.need) break
+      records.push({ kind: this.kind, bytes: this.take(this.need).subarray(HEADER) })
+      this.kind = undefined
     }
     return records
   }
@@ -80,5 +82,46 @@ export class OutputRecordDecoder {
     if (this.pendingBytes > 0) {
       throw new OutputRecordError(`the channel ended inside a record (${this.pendingBytes} bytes of it)`)
     }
+  }
+
+  /** the first `n` pending bytes (n ≤ pendingBytes), left pending */
+  private peek(n: number): Uint8Array {
+    const first = this.pending[0]!
+    if (first.length >= n) return first
+    const head = new Uint8Array(n)
+    let at = 0
+    for (const piece of this.pending) {
+      const part = piece.subarray(0, n - at)
+      head.set(part, at)
+      at += part.length
+      if (at === n) break
+    }
+    return head
+  }
+
+  /** removes and returns the first `n` pending bytes (n ≤ pendingBytes) */
+  private take(n: number): Uint8Array {
+    const first = this.pending[0]!
+    let taken: Uint8Array
+    if (first.length >= n) {
+      taken = first.subarray(0, n)
+      if (first.length === n) this.pending.shift()
+      else this.pending[0] = first.subarray(n)
+    } else {
+      taken = new Uint8Array(n)
+      let at = 0
+      let used = 0
+      while (at < n) {
+        const piece = this.pending[used]!
+        const part = piece.subarray(0, n - at)
+        taken.set(part, at)
+        at += part.length
+        if (part.length === piece.length) used++
+        else this.pending[used] = piece.subarray(part.length)
+      }
+      this.pending = this.pending.slice(used)
+    }
+    this.pendingBytes -= n
+    return taken
   }
 }
