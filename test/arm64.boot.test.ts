@@ -36,7 +36,7 @@ import {
 import { SHIPPED_KERNEL_IMAGE, uncompressedKernel } from "../src/vmm/vfkit.js"
 import { buildImage } from "../src/programs/image.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
-import type { GoldenImage } from "../src/services/Images.js"
+import type { GoldenImage } from "../src/domain/image.js"
 import { bootSession, guestBundle, repoRoot, runTurn } from "./e2e-vm-image.js"
 
 const home = process.env.ABOX_TEST_ARM64_HOME ?? path.join(repoRoot, ".build", "arm64-home")

@@ -7,7 +7,8 @@ import { describe, expect, it } from "@effect/vitest"
 import * as Either from "effect/Either"
 import * as fc from "fast-check"
 import { checkCompatibility, type HostProfile } from "../src/programs/compat.js"
-import type { GuestArch, SessionMeta, VmmBackendName } from "../src/services/SessionStore.js"
+import type { GuestArch, VmmBackendName } from "../src/domain/session.js"
+import type { SessionMeta } from "../src/services/SessionStore.js"
 
 const oses: ReadonlyArray<NodeJS.Platform> = ["linux", "darwin"]
 const arches: ReadonlyArray<GuestArch> = ["x86_64", "aarch64"]

@@ -30,7 +30,8 @@ import {
 } from "../src/lib/socketPath.js"
 import { encodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { GuestRpc } from "../src/services/GuestRpc.js"
-import { type CloseBounds, VmmBackend, type VmSpec } from "../src/services/VmmBackend.js"
+import { type CloseBounds, type VmSpec } from "../src/domain/vm.js"
+import { VmmBackend } from "../src/services/VmmBackend.js"
 import { buildVfkitArgv, uncompressedKernel, vfkitGetState, vfkitSetState } from "../src/vmm/vfkit.js"
 import { alive } from "./support/processes.js"
 

@@ -23,7 +23,8 @@ import { hostArch } from "../src/lib/arch.js"
 import { GuestRpcLive } from "../src/layers/GuestRpcLive.js"
 import { encodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { GuestRpc, TransferFailed, type TurnEvent } from "../src/services/GuestRpc.js"
-import { VmmBackend, type VmSpec } from "../src/services/VmmBackend.js"
+import { VmmBackend } from "../src/services/VmmBackend.js"
+import { type VmSpec } from "../src/domain/vm.js"
 
 const isRoot = typeof process.getuid === "function" && process.getuid() === 0
 

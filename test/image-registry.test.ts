@@ -8,14 +8,8 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { checkFreeSpace, cloneDisk, writeConfigDisk } from "../src/lib/disk.js"
-import {
-  imageDigest,
-  ImagesLive,
-  listImages,
-  registerImage,
-  removeImage,
-  resolveImage
-} from "../src/lib/images.js"
+import { imageDigest, listImages, registerImage, removeImage, resolveImage } from "../src/lib/images.js"
+import { ImagesLive } from "../src/layers/ImagesLive.js"
 import { decodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { Images } from "../src/services/Images.js"

@@ -10,7 +10,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { makeQemuVmm } from "../src/layers/QemuVmm.js"
 import { cloneDisk } from "../src/lib/disk.js"
-import type { VmSpec } from "../src/services/VmmBackend.js"
+import type { VmSpec } from "../src/domain/vm.js"
 import { bootSession, ensureTestImage, processesMentioning, vmLayer, vmSkipReason } from "./e2e-vm-image.js"
 import { alive } from "./support/processes.js"
 

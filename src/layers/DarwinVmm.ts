@@ -22,14 +22,9 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { ensureSocketDir, maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
 import { hostArch } from "../lib/arch.js"
-import type { GuestArch } from "../services/SessionStore.js"
-import {
-  VmmBackend,
-  type VmmBackendShape,
-  VmmError,
-  VmmUnavailable,
-  type VmSpec
-} from "../services/VmmBackend.js"
+import type { GuestArch } from "../domain/session.js"
+import { VmmBackend, type VmmBackendShape } from "../services/VmmBackend.js"
+import { VmmError, VmmUnavailable, type VmSpec } from "../domain/vm.js"
 import { minimalEnv } from "../vmm/argv.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { buildVfkitArgv, uncompressedKernel } from "../vmm/vfkit.js"

@@ -3,20 +3,14 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import * as Ref from "effect/Ref"
-// Raw node:child_process / node:fs: /dev/kvm is probed by opening it read-write and by starting
-// a paused VM on it; the PATH lookup is a plain access check.
-import { execFile } from "node:child_process"
+// Raw node:fs: the accelerator record and the PATH lookup are plain file checks.
 import * as fs from "node:fs"
 import * as path from "node:path"
-import type { GuestArch } from "../services/SessionStore.js"
-import {
-  VmmBackend,
-  type VmmBackendShape,
-  VmmError,
-  VmmUnavailable,
-  type VmSpec
-} from "../services/VmmBackend.js"
+import type { GuestArch } from "../domain/session.js"
+import { VmmBackend, type VmmBackendShape } from "../services/VmmBackend.js"
+import { VmmError, VmmUnavailable, type VmSpec } from "../domain/vm.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
+import { kvmOpens, probeKvm } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
 import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
@@ -75,47 +69,6 @@ const which = (binary: string): string | undefined => {
   }
   return undefined
 }
-
-const kvmOpens = (): boolean => {
-  try {
-    fs.closeSync(fs.openSync("/dev/kvm", fs.constants.O_RDWR))
-    return true
-  } catch {
-    return false
-  }
-}
-
-/**
- * /dev/kvm opening is not enough (nested hosts may refuse the CPU model at reset): start a
- * paused VM with `-cpu host` and quit it over QMP on stdin; success = a clean exit.
- */
-const probeKvm = (binary: string, arch: GuestArch) =>
-  Effect.async<boolean>((resume) => {
-    const machine = arch === "x86_64" ? "q35" : "virt"
-    const child = execFile(
-      binary,
-      [
-        "-nodefaults",
-        "-no-user-config",
-        "-machine",
-        `${machine},accel=kvm`,
-        "-cpu",
-        "host",
-        "-display",
-        "none",
-        "-S",
-        "-qmp",
-        "stdio"
-      ],
-      { env: minimalEnv(), timeout: 10_000 },
-      (error, _stdout, stderr) => resume(Effect.succeed(error === null && !/error/i.test(stderr)))
-    )
-    child.stdin?.end('{"execute":"qmp_capabilities"}\n{"execute":"query-status"}\n{"execute":"quit"}\n')
-  })
-
-/** what `auto` chooses on this host: KVM when /dev/kvm opens and a probe VM starts on it (abox doctor) */
-export const kvmUsable = (arch: GuestArch = hostArch()): Effect.Effect<boolean> =>
-  kvmOpens() ? probeKvm(qemuBinary(arch), arch) : Effect.succeed(false)
 
 const vmmError = (reason: string, message: string) => new VmmError({ backend: "qemu", reason, message })
 

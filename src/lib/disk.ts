@@ -9,7 +9,7 @@ import { constants as fsConstants } from "node:fs"
 import * as path from "node:path"
 import { encodeConfigDisk } from "../protocol/ConfigDisk.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
-import { DiskError } from "../services/Images.js"
+import { DiskError } from "../domain/image.js"
 import { writeFileAtomic } from "./atomicFile.js"
 
 export type CloneMethod = "reflink" | "sparse-copy"

@@ -11,7 +11,7 @@ import * as Effect from "effect/Effect"
 import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
 import { ExtractError, extractTar } from "../guest/extract.js"
-import { ArchiveRefused } from "../services/RepoErrors.js"
+import { ArchiveRefused } from "../domain/repoErrors.js"
 import { escapeControl } from "./text.js"
 
 export interface UntrustedLimits {

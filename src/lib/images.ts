@@ -1,6 +1,4 @@
-import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as crypto from "node:crypto"
@@ -10,11 +8,19 @@ import { createReadStream } from "node:fs"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { pipeline } from "node:stream/promises"
-import { AboxPaths } from "../services/AboxPaths.js"
-import { DiskError, type GoldenImage, ImageNotFound, Images } from "../services/Images.js"
-import { GuestArch } from "../services/SessionStore.js"
+import {
+  type AgentStart,
+  DefaultPointer,
+  DiskError,
+  type GoldenImage,
+  IMAGE_FORMAT,
+  type ImageIdentityFields,
+  ImageInUse,
+  ImageJson,
+  ImageNotFound,
+  type RegisteredImage
+} from "../domain/image.js"
 import { writeJsonAtomic } from "./atomicFile.js"
-import { cloneDisk } from "./disk.js"
 
 /**
  * The image registry: `$ABOX_HOME/images/<name>/<digest>/{vmlinuz,initrd.gz,root.raw,image.json}`,
@@ -22,70 +28,9 @@ import { cloneDisk } from "./disk.js"
  * An aarch64 image also holds `Image`, its kernel uncompressed (Virtualization.framework boots no
  * other kind), recorded as `files.kernelImage`.
  */
-export const IMAGE_FORMAT = 1
 export const IMAGE_FILES = { kernel: "vmlinuz", initrd: "initrd.gz", root: "root.raw" } as const
 /** the uncompressed kernel beside `vmlinuz` (aarch64 images; read by the vz backend) */
 export const KERNEL_IMAGE_FILE = "Image"
-
-const Sha256 = Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/))
-
-export const ImageFile = Schema.Struct({ file: Schema.String, sha256: Sha256, size: Schema.Number })
-
-/** the identity fields: with the three file digests they make the image's digest */
-export const ImageIdentityFields = Schema.Struct({
-  name: Schema.String,
-  variant: Schema.Literal("small", "full"),
-  arch: GuestArch,
-  kernel: Schema.String,
-  node: Schema.String,
-  /** sha256 of the guest-agent bundle baked in at /opt/abox/abox-guest.js */
-  agent: Sha256,
-  protocol: Schema.Number
-})
-export type ImageIdentityFields = typeof ImageIdentityFields.Type
-
-/**
- * how the image's init starts the agent: from a V8 startup snapshot (falling back to the bundle
- * if node rejects it) or from the plain bundle; recorded, not part of the identity (root.raw's
- * digest covers the blob)
- */
-export const AgentStart = Schema.Literal("snapshot", "bundle")
-export type AgentStart = typeof AgentStart.Type
-
-export const ImageJson = Schema.Struct({
-  format: Schema.Literal(IMAGE_FORMAT),
-  ...ImageIdentityFields.fields,
-  digest: Sha256,
-  created: Schema.String,
-  files: Schema.Struct({
-    kernel: ImageFile,
-    initrd: ImageFile,
-    root: ImageFile,
-    /**
-     * `vmlinuz` uncompressed, when the recipe ships it (aarch64): not part of the digest, which
-     * `vmlinuz` already determines; images built before it existed have none
-     */
-    kernelImage: Schema.optional(ImageFile)
-  }),
-  agentStart: Schema.optional(AgentStart)
-})
-export type ImageJson = typeof ImageJson.Type
-
-export const DefaultPointer = Schema.Struct({
-  format: Schema.Literal(IMAGE_FORMAT),
-  name: Schema.String,
-  digest: Sha256
-})
-export type DefaultPointer = typeof DefaultPointer.Type
-
-/** image names become directory names: the same rule as session names */
-export const IMAGE_NAME = /^[A-Za-z0-9_-]{1,64}$/
-
-export interface RegisteredImage {
-  readonly dir: string
-  readonly meta: ImageJson
-  readonly isDefault: boolean
-}
 
 const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
@@ -332,11 +277,6 @@ export const registerImage = Effect.fn("images.register")(function* (
   return { dir: target, meta, isDefault: options.makeDefault } satisfies RegisteredImage
 })
 
-export class ImageInUse extends Schema.TaggedError<ImageInUse>()("ImageInUse", {
-  ref: Schema.String,
-  message: Schema.String
-}) {}
-
 /** remove `name@digest`; refuses the default unless `force` (then the pointer goes too). Sessions are never touched. */
 export const removeImage = Effect.fn("images.remove")(function* (
   imagesDir: string,
@@ -368,26 +308,3 @@ export const removeImage = Effect.fn("images.remove")(function* (
   yield* io(parent, "rmdir", () => fs.rmdir(parent).catch(() => undefined))
   return image
 })
-
-/** The Images service (src/services/Images.ts) over the on-disk registry. */
-export const ImagesLive: Layer.Layer<Images, never, AboxPaths | CommandExecutor.CommandExecutor> =
-  Layer.effect(
-    Images,
-    Effect.gen(function* () {
-      const paths = yield* AboxPaths
-      const context = yield* Effect.context<CommandExecutor.CommandExecutor>()
-      return Images.of({
-        resolve: (ref) =>
-          resolveImage(paths.images, ref).pipe(
-            Effect.map((image) => goldenOf(image)),
-            Effect.withSpan("Images.resolve")
-          ),
-        cloneRoot: (image, target) =>
-          cloneDisk(image.rootDisk, target).pipe(
-            Effect.asVoid,
-            Effect.provide(context),
-            Effect.withSpan("Images.cloneRoot")
-          )
-      })
-    })
-  )

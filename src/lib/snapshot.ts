@@ -6,7 +6,7 @@ import { constants as fsConstants } from "node:fs"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import * as tar from "tar"
-import { TransferFailed } from "../services/GuestRpc.js"
+import { TransferFailed } from "../domain/transfer.js"
 
 export class SourceInvalid extends Schema.TaggedError<SourceInvalid>()("SourceInvalid", {
   path: Schema.String,

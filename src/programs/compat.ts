@@ -2,7 +2,8 @@ import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
 import { MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { GuestTooOld } from "../services/GuestRpc.js"
-import type { GuestArch, SessionMeta, VmmBackendName } from "../services/SessionStore.js"
+import type { GuestArch, VmmBackendName } from "../domain/session.js"
+import type { SessionMeta } from "../services/SessionStore.js"
 
 /** This host, as resume compares it with what a session recorded. */
 export interface HostProfile {

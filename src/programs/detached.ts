@@ -46,7 +46,7 @@ import {
   TtyUnsupported
 } from "../services/GuestRpc.js"
 import { BrokerError, BrokerPolicyError } from "../services/HttpsBroker.js"
-import { DiskError, ImageNotFound } from "../services/Images.js"
+import { DiskError, ImageNotFound } from "../domain/image.js"
 import { LockError, SessionBusy } from "../services/RuntimeLock.js"
 import {
   InvalidName,
@@ -64,8 +64,8 @@ import {
   RepoPathInvalid,
   RepoToolFailed,
   SourceChanged
-} from "../services/RepoErrors.js"
-import { VmmError, VmmUnavailable } from "../services/VmmBackend.js"
+} from "../domain/repoErrors.js"
+import { VmmError, VmmUnavailable } from "../domain/vm.js"
 import { SessionIncompatible } from "./compat.js"
 import { controlSocketPath } from "./supervisor.js"
 
@@ -423,7 +423,7 @@ export const remoteTurn = (
         Stream.filterMap((event) => event)
       )
     })
-  )
+  ).pipe(Stream.withSpan("detached.turn", { attributes: { ref, mode } }))
 
 export interface ForwardOptions {
   /** told once the host port listens (with the port, useful when 0 was asked) */

@@ -12,19 +12,13 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
-import { kvmUsable } from "../layers/QemuVmm.js"
+import { kvmUsable } from "../vmm/kvm.js"
 import { type ConfigInvalid, qemuAccel, readEnv } from "../lib/env.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
 import { AboxPaths } from "../services/AboxPaths.js"
-import { GuestArch } from "../services/SessionStore.js"
-import {
-  type AgentStart,
-  IMAGE_NAME,
-  listImages,
-  registerImage,
-  removeImage,
-  sha256File
-} from "../lib/images.js"
+import { GuestArch } from "../domain/session.js"
+import { type AgentStart, IMAGE_NAME } from "../domain/image.js"
+import { listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
 
 /** `abox image build` could not build (a recipe step failed, an input is missing) */
 export class ImageBuildFailed extends Schema.TaggedError<ImageBuildFailed>()("ImageBuildFailed", {

@@ -29,7 +29,7 @@ import {
   RepoPathInvalid,
   RepoToolFailed,
   SourceChanged
-} from "../services/RepoErrors.js"
+} from "../domain/repoErrors.js"
 import { SessionStore } from "../services/SessionStore.js"
 import { GUEST_REPO, resume, type BootOptions } from "./session.js"
 

@@ -75,8 +75,8 @@ export {
   GuestDisconnected,
   TransferFailed
 } from "../services/GuestRpc.js"
-export { VmmError, VmmUnavailable } from "../services/VmmBackend.js"
-export { ImageNotFound, DiskError } from "../services/Images.js"
+export { VmmError, VmmUnavailable } from "../domain/vm.js"
+export { ImageNotFound, DiskError } from "../domain/image.js"
 export { SessionIncompatible } from "../programs/compat.js"
 export { InvalidOption } from "../programs/session.js"
 export { SourceInvalid } from "../lib/snapshot.js"
@@ -88,7 +88,7 @@ export {
   PatchFailed,
   RepoPathInvalid,
   RepoToolFailed
-} from "../services/RepoErrors.js"
+} from "../domain/repoErrors.js"
 export type { DiffOptions, ApplyOptions, RepoEntry } from "../programs/repo.js"
 export type { TransferProgress } from "../programs/session.js"
 

@@ -4,6 +4,7 @@ import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as Schema from "effect/Schema"
 import type * as Stream from "effect/Stream"
+import type { TransferFailed } from "../domain/transfer.js"
 import type { AgentEvent, HelloMessage, TurnSignalName } from "../protocol/Messages.js"
 
 export class GuestTooOld extends Schema.TaggedError<GuestTooOld>()("GuestTooOld", {
@@ -34,10 +35,8 @@ export class GuestDisconnected extends Schema.TaggedError<GuestDisconnected>()("
   message: Schema.String
 }) {}
 
-export class TransferFailed extends Schema.TaggedError<TransferFailed>()("TransferFailed", {
-  reason: Schema.String,
-  message: Schema.String
-}) {}
+// TransferFailed is shared with the host's snapshot code (src/lib/snapshot.ts): it lives in the domain
+export { TransferFailed } from "../domain/transfer.js"
 
 /** the guest could not connect a port forward to 127.0.0.1:<port> in the guest */
 export class ForwardRefused extends Schema.TaggedError<ForwardRefused>()("ForwardRefused", {

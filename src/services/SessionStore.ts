@@ -1,36 +1,11 @@
 import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
-import { BrokerPolicy } from "../lib/broker/policy.js"
+import { BrokerPolicy } from "../broker/policy.js"
+import { CloseOutcome, GuestArch, ImageIdentity, VmmBackendName } from "../domain/session.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 
 export const SESSION_FORMAT = 1
-
-export const GuestArch = Schema.Literal("x86_64", "aarch64")
-export type GuestArch = typeof GuestArch.Type
-
-export const VmmBackendName = Schema.Literal("qemu", "vz", "fake")
-export type VmmBackendName = typeof VmmBackendName.Type
-
-export const ImageIdentity = Schema.Struct({
-  name: Schema.String,
-  digest: Schema.String,
-  kernel: Schema.optional(Schema.String),
-  node: Schema.optional(Schema.String),
-  agent: Schema.optional(Schema.String)
-})
-export type ImageIdentity = typeof ImageIdentity.Type
-
-export const CloseOutcome = Schema.Struct({
-  at: Schema.String,
-  /** graceful: the guest powered off after shutdown; signalled: the helper signal ended it; killed: SIGKILL */
-  how: Schema.Literal("graceful", "signalled", "killed", "crashed"),
-  exitCode: Schema.NullOr(Schema.Number),
-  signal: Schema.NullOr(Schema.String),
-  /** last lines of console.log when the close was not graceful */
-  consoleTail: Schema.optional(Schema.Array(Schema.String))
-})
-export type CloseOutcome = typeof CloseOutcome.Type
 
 /**
  * `session.json`. `guest` and `vmm` are optional in the schema so that sessions written before

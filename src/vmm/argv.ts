@@ -1,5 +1,5 @@
-import type { GuestArch } from "../services/SessionStore.js"
-import type { RepoDisks } from "../services/VmmBackend.js"
+import type { GuestArch } from "../domain/session.js"
+import type { RepoDisks } from "../domain/vm.js"
 
 export type Accel = "kvm" | "tcg" | "hvf"
 

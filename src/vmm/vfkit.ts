@@ -16,7 +16,7 @@ import * as fs from "node:fs"
 import * as http from "node:http"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
-import type { RepoDisks } from "../services/VmmBackend.js"
+import type { RepoDisks } from "../domain/vm.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
 export const RPC_VSOCK_PORT = 1024

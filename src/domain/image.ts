@@ -1,0 +1,94 @@
+import * as Schema from "effect/Schema"
+import { GuestArch, type ImageIdentity } from "./session.js"
+
+/**
+ * The image registry's records (docs/on-disk.md "Images"): `images/<name>/<digest>/image.json`
+ * and `images/default.json`, and what a registered image gives Open.
+ */
+export const IMAGE_FORMAT = 1
+
+const Sha256 = Schema.String.pipe(Schema.pattern(/^[0-9a-f]{64}$/))
+
+export const ImageFile = Schema.Struct({ file: Schema.String, sha256: Sha256, size: Schema.Number })
+
+/** the identity fields: with the three file digests they make the image's digest */
+export const ImageIdentityFields = Schema.Struct({
+  name: Schema.String,
+  variant: Schema.Literal("small", "full"),
+  arch: GuestArch,
+  kernel: Schema.String,
+  node: Schema.String,
+  /** sha256 of the guest-agent bundle baked in at /opt/abox/abox-guest.js */
+  agent: Sha256,
+  protocol: Schema.Number
+})
+export type ImageIdentityFields = typeof ImageIdentityFields.Type
+
+/**
+ * how the image's init starts the agent: from a V8 startup snapshot (falling back to the bundle
+ * if node rejects it) or from the plain bundle; recorded, not part of the identity (root.raw's
+ * digest covers the blob)
+ */
+export const AgentStart = Schema.Literal("snapshot", "bundle")
+export type AgentStart = typeof AgentStart.Type
+
+export const ImageJson = Schema.Struct({
+  format: Schema.Literal(IMAGE_FORMAT),
+  ...ImageIdentityFields.fields,
+  digest: Sha256,
+  created: Schema.String,
+  files: Schema.Struct({
+    kernel: ImageFile,
+    initrd: ImageFile,
+    root: ImageFile,
+    /**
+     * `vmlinuz` uncompressed, when the recipe ships it (aarch64): not part of the digest, which
+     * `vmlinuz` already determines; images built before it existed have none
+     */
+    kernelImage: Schema.optional(ImageFile)
+  }),
+  agentStart: Schema.optional(AgentStart)
+})
+export type ImageJson = typeof ImageJson.Type
+
+export const DefaultPointer = Schema.Struct({
+  format: Schema.Literal(IMAGE_FORMAT),
+  name: Schema.String,
+  digest: Sha256
+})
+export type DefaultPointer = typeof DefaultPointer.Type
+
+/** image names become directory names: the same rule as session names */
+export const IMAGE_NAME = /^[A-Za-z0-9_-]{1,64}$/
+
+export interface RegisteredImage {
+  readonly dir: string
+  readonly meta: ImageJson
+  readonly isDefault: boolean
+}
+
+/** A registered golden image, ready to clone and boot. */
+export interface GoldenImage {
+  readonly identity: ImageIdentity
+  readonly arch: GuestArch
+  readonly protocol: number
+  readonly kernel: string
+  readonly initrd: string
+  readonly rootDisk: string
+}
+
+export class ImageNotFound extends Schema.TaggedError<ImageNotFound>()("ImageNotFound", {
+  ref: Schema.String,
+  message: Schema.String
+}) {}
+
+export class DiskError extends Schema.TaggedError<DiskError>()("DiskError", {
+  path: Schema.String,
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+export class ImageInUse extends Schema.TaggedError<ImageInUse>()("ImageInUse", {
+  ref: Schema.String,
+  message: Schema.String
+}) {}
