@@ -24,6 +24,8 @@ export interface Figure {
   readonly runs: number
   readonly goal?: number
   readonly note?: string
+  /** a memory figure measured alongside (MiB) */
+  readonly peakRssMiB?: number
 }
 
 export const median = (xs: ReadonlyArray<number>): number => {

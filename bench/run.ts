@@ -15,6 +15,7 @@ import { listEmptyVsNode, listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
 import { scrubOverhead } from "./scrub.js"
+import { turnOutputStream } from "./turnOutput.js"
 import { vmmClone, vmmOpenToHello, vmmRss } from "./vmm.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
@@ -40,7 +41,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["repoOpen200MB", repoOpen200MB],
   ["agentFirstRequest", agentFirstRequest],
   ["agentToolRoundTrip", agentToolRoundTrip],
-  ["detachedExec", detachedExec]
+  ["detachedExec", detachedExec],
+  ["turnOutputStream", turnOutputStream]
 ]
 
 const only = process.argv.slice(2)

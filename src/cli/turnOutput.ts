@@ -14,30 +14,56 @@ const outputBytes = (event: TurnEvent): Uint8Array | undefined => {
   return e.base64 !== undefined ? Buffer.from(e.base64, "base64") : Buffer.from(e.data, "utf8")
 }
 
+/**
+ * Writes to the terminal (or file, or pipe) and waits while it is full: a reader slower than the
+ * turn (a pager, `| less`) pauses the turn's output instead of filling this process's memory.
+ */
+export const writeOutput = (stream: NodeJS.WritableStream, data: string | Uint8Array): Effect.Effect<void> =>
+  Effect.suspend(() =>
+    stream.write(data)
+      ? Effect.void
+      : Effect.async<void>((resume) => {
+          const done = () => {
+            stream.off("drain", done)
+            stream.off("close", done)
+            stream.off("error", done)
+            resume(Effect.void)
+          }
+          stream.on("drain", done)
+          // a reader that went away (EPIPE) is not waited for
+          stream.on("close", done)
+          stream.on("error", done)
+          return Effect.sync(() => {
+            stream.off("drain", done)
+            stream.off("close", done)
+            stream.off("error", done)
+          })
+        })
+  )
+
 /** One event of a turn on the terminal: the guest's stdout to stdout, stderr to stderr. */
-export const printEvent = (event: TurnEvent) =>
-  Effect.sync(() => {
-    if (event._tag === "End") return
+export const printEvent = (event: TurnEvent): Effect.Effect<void> =>
+  Effect.suspend(() => {
+    if (event._tag === "End") return Effect.void
     const e = event.event
     if (isModelEvent(e)) {
       const { stdout, stderr } = agentOutput.render(e)
-      if (stdout !== "") process.stdout.write(stdout)
-      if (stderr !== "") process.stderr.write(stderr)
-      return
+      return Effect.zipRight(
+        stdout !== "" ? writeOutput(process.stdout, stdout) : Effect.void,
+        stderr !== "" ? writeOutput(process.stderr, stderr) : Effect.void
+      )
     }
     switch (e.kind) {
       case "stdout":
-        process.stdout.write(outputBytes(event)!)
-        return
+        return writeOutput(process.stdout, outputBytes(event)!)
       case "stderr":
-        process.stderr.write(outputBytes(event)!)
-        return
+        return writeOutput(process.stderr, outputBytes(event)!)
       case "json":
-        process.stdout.write(JSON.stringify(e.value) + "\n")
-        return
+        return writeOutput(process.stdout, JSON.stringify(e.value) + "\n")
       case "status":
-        process.stderr.write(`· ${escapeControl(e.message)}\n`)
+        return writeOutput(process.stderr, `· ${escapeControl(e.message)}\n`)
     }
+    return Effect.void
   })
 
 const strictUtf8 = new TextDecoder("utf-8", { fatal: true })

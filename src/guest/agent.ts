@@ -12,7 +12,8 @@ import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
 import type { AgentEvent, ControlMessage } from "../protocol/Messages.js"
-import { FEATURE_EXPORT, FEATURE_TTY, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_TTY, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import { encodeOutputRecord } from "../protocol/TurnOutput.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
 import { changedEntries, exportOperands, exportTar } from "./exportTree.js"
@@ -25,6 +26,9 @@ import { channelDuplex } from "./tunnels.js"
 
 /** where the host thinks the repository is; mapped onto --repo */
 export const GUEST_REPO_PATH = "/work/repo"
+
+/** how long a cancelled turn's output channel may wait for credit to send its EOF */
+const CANCELLED_OUTPUT_WAIT_MS = 1000
 
 export type AgentLink = Pick<
   Mux,
@@ -118,7 +122,10 @@ export class GuestAgent {
       // a window above v4's default lets the host keep a transfer's pipe full
       ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {}),
       ...(this.options.repoDisk === true ? { repoDisk: true } : {}),
-      features: this.options.tty === undefined ? [FEATURE_EXPORT] : [FEATURE_EXPORT, FEATURE_TTY]
+      features:
+        this.options.tty === undefined
+          ? [FEATURE_EXPORT, FEATURE_OUTPUT]
+          : [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_TTY]
     })
     await link.sendControl({ type: "ready" })
     const end = await ended
@@ -161,7 +168,7 @@ export class GuestAgent {
         )
         return
       case "user_turn":
-        return this.startTurn(message.turn, message.text, message.mode ?? "shell")
+        return this.startTurn(message.turn, message.text, message.mode ?? "shell", undefined, message.output)
       case "cancel":
         // cancelling a turn that already ended is not an error: the two crossed on the wire
         this.options.runner.cancel(message.turn)
@@ -377,11 +384,42 @@ export class GuestAgent {
     turn: number,
     text: string,
     mode: "shell" | "prompt",
-    start?: (sink: (event: AgentEvent) => Promise<void>) => Promise<TurnOutcome>
+    start?: (sink: (event: AgentEvent) => Promise<void>) => Promise<TurnOutcome>,
+    outputChannel?: number
   ): Promise<void> | void {
     const { runner, prompts, tty } = this.options
+    // the host's output channel (FEATURE_OUTPUT) carries a shell command's stdout/stderr; a turn
+    // that sends events instead (prompt, configured agent, refused) ends it at once
+    const channel = outputChannel === undefined ? undefined : this.options.link.channel(outputChannel)
+    const raw = channel !== undefined && mode === "shell" && start === undefined && runner.rawOutput
+    const endOutput = async (cancelled = false) => {
+      if (channel === undefined) return
+      const ended = channel.end().catch(() => undefined)
+      // a cancelled turn's host may have stopped reading (it dropped the turn): its EOF waits
+      // (bounded) for the credit, then the channel is dropped and turn_end goes anyway
+      if (cancelled) {
+        let timer: NodeJS.Timeout | undefined
+        await Promise.race([ended, new Promise<void>((done) => (timer = setTimeout(done, CANCELLED_OUTPUT_WAIT_MS)))])
+        clearTimeout(timer)
+      } else await ended
+      channel.destroy("turn output sent")
+    }
+    if (!raw) void endOutput()
+    let outputFailed = false
+    // a write the host refused (it dropped the channel) stops sending, never reading: the turn's
+    // pipes keep draining until it ends or is cancelled
+    const output =
+      raw && channel !== undefined
+        ? async (kind: "stdout" | "stderr", bytes: Uint8Array) => {
+            if (outputFailed) return
+            await channel.write(encodeOutputRecord(kind, bytes)).catch(() => {
+              outputFailed = true
+            })
+          }
+        : undefined
     const busy = runner.current ?? prompts?.current ?? tty?.current
     if (busy !== undefined) {
+      if (raw) void endOutput()
       return this.send({
         type: "error",
         code: "turn_busy",
@@ -404,11 +442,13 @@ export class GuestAgent {
         ? start(sink)
         : mode === "prompt" && prompts !== undefined
           ? prompts.run(turn, text, sink)
-          : runner.run(turn, text, sink)
+          : runner.run(turn, text, sink, output)
     this.turnDone = outcome.then(
       async (result) => {
         this.history.push({ turn, text, ...result, startedAt, endedAt: this.now().toISOString() })
         await this.save()
+        // all output before the end: its EOF goes before turn_end
+        if (raw) await endOutput(result.cancelled)
         await this.send({ type: "turn_end", turn, ...result })
       },
       async (error: unknown) => {
@@ -424,6 +464,7 @@ export class GuestAgent {
           endedAt: this.now().toISOString()
         })
         await this.save()
+        if (raw) await endOutput()
         await this.send({
           type: "agent_event",
           turn,

@@ -16,6 +16,7 @@ import { StringDecoder } from "node:string_decoder"
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
 import type { AgentEvent } from "../protocol/Messages.js"
+import { MAX_OUTPUT_RECORD } from "../protocol/TurnOutput.js"
 import type { TurnUser } from "./user.js"
 
 export const TURN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -88,39 +89,65 @@ export const outputEvent = (kind: "stdout" | "stderr", bytes: Uint8Array): Agent
 }
 
 /**
+ * A turn's output stream cut in pieces of at most `max` bytes, byte-exact: the pieces
+ * concatenated are the stream. A UTF-8 sequence cut by a read waits for its rest, so that text
+ * stays text (the last piece, at the stream's end, is sent as it is).
+ */
+export class ByteChunker {
+  private carry: Uint8Array = new Uint8Array(0)
+
+  constructor(private readonly max: number) {}
+
+  push(chunk: Uint8Array): ReadonlyArray<Uint8Array> {
+    const bytes = this.carry.length === 0 ? chunk : Buffer.concat([this.carry, chunk])
+    const pieces: Array<Uint8Array> = []
+    let start = 0
+    while (bytes.length - start > this.max) {
+      const piece = bytes.subarray(start, start + this.max)
+      const cut = piece.length - incompleteUtf8Tail(piece)
+      pieces.push(piece.subarray(0, cut))
+      start += cut
+    }
+    const rest = bytes.subarray(start)
+    const body = rest.length - incompleteUtf8Tail(rest)
+    if (body > 0) pieces.push(rest.subarray(0, body))
+    this.carry = Uint8Array.from(rest.subarray(body))
+    return pieces
+  }
+
+  /** the stream ended: a sequence still incomplete is sent as it is (as bytes) */
+  end(): ReadonlyArray<Uint8Array> {
+    const rest = this.carry
+    this.carry = new Uint8Array(0)
+    return rest.length === 0 ? [] : [rest]
+  }
+}
+
+/**
  * A turn's output stream as events of at most MAX_EVENT_BYTES, byte-exact: the events' bytes
  * concatenated are the stream. A UTF-8 sequence cut by a read waits for its rest, so that text
  * stays text; bytes that are not UTF-8 travel as base64.
  */
 export class OutputChunker {
-  private carry: Uint8Array = new Uint8Array(0)
+  private readonly bytes = new ByteChunker(MAX_EVENT_BYTES)
 
   constructor(private readonly kind: "stdout" | "stderr") {}
 
   push(chunk: Uint8Array): ReadonlyArray<AgentEvent> {
-    const bytes = this.carry.length === 0 ? chunk : Buffer.concat([this.carry, chunk])
-    const events: Array<AgentEvent> = []
-    let start = 0
-    while (bytes.length - start > MAX_EVENT_BYTES) {
-      const piece = bytes.subarray(start, start + MAX_EVENT_BYTES)
-      const cut = piece.length - incompleteUtf8Tail(piece)
-      events.push(outputEvent(this.kind, piece.subarray(0, cut)))
-      start += cut
-    }
-    const rest = bytes.subarray(start)
-    const body = rest.length - incompleteUtf8Tail(rest)
-    if (body > 0) events.push(outputEvent(this.kind, rest.subarray(0, body)))
-    this.carry = Uint8Array.from(rest.subarray(body))
-    return events
+    return this.bytes.push(chunk).map((piece) => outputEvent(this.kind, piece))
   }
 
   /** the stream ended: a sequence still incomplete is sent as it is (as bytes) */
   end(): ReadonlyArray<AgentEvent> {
-    const rest = this.carry
-    this.carry = new Uint8Array(0)
-    return rest.length === 0 ? [] : [outputEvent(this.kind, rest)]
+    return this.bytes.end().map((piece) => outputEvent(this.kind, piece))
   }
 }
+
+/**
+ * A shell turn's stdout/stderr as raw records on the turn's output channel (FEATURE_OUTPUT):
+ * awaited, so the channel's credit (the host's reading) paces the turn's pipes.
+ */
+export type OutputSink = (kind: "stdout" | "stderr", bytes: Uint8Array) => Promise<void>
 
 const pumpChunks = async (
   stream: NodeJS.ReadableStream,
@@ -132,6 +159,18 @@ const pumpChunks = async (
     for (const event of chunker.push(chunk)) await sink(event)
   }
   for (const event of chunker.end()) await sink(event)
+}
+
+const pumpRecords = async (
+  stream: NodeJS.ReadableStream,
+  kind: "stdout" | "stderr",
+  output: OutputSink
+): Promise<void> => {
+  const chunker = new ByteChunker(MAX_OUTPUT_RECORD)
+  for await (const chunk of stream as AsyncIterable<Buffer>) {
+    for (const piece of chunker.push(chunk)) await output(kind, piece)
+  }
+  for (const piece of chunker.end()) await output(kind, piece)
 }
 
 const emitLine = async (line: string, sink: EventSink) => {
@@ -186,6 +225,11 @@ export class TurnRunner {
 
   constructor(private readonly env: TurnEnvironment) {}
 
+  /** a shell command's turns can send raw output records (a configured agent's lines may be JSON events) */
+  get rawOutput(): boolean {
+    return this.env.agentArgv === undefined
+  }
+
   /** the turn being run, if any */
   get current(): number | undefined {
     return this.running?.turn
@@ -195,7 +239,11 @@ export class TurnRunner {
    * Runs one turn to its end. Rejects only when the process cannot be started at all (the caller
    * turns that into an `error` message); a failing command is a normal outcome with its status.
    */
-  run(turn: number, text: string, sink: EventSink): Promise<TurnOutcome> {
+  /**
+   * `output` (a shell turn, the host gave it a channel): stdout and stderr go there as raw
+   * records; a configured agent's turn still sends events (its lines may be JSON).
+   */
+  run(turn: number, text: string, sink: EventSink, output?: OutputSink): Promise<TurnOutcome> {
     if (this.running !== undefined) {
       return Promise.reject(new Error(`turn ${this.running.turn} is still running`))
     }
@@ -236,9 +284,15 @@ export class TurnRunner {
         child.stdin.on("error", () => undefined) // the agent may exit without reading its input
         child.stdin.end(text)
       }
+      const raw = argv === undefined ? output : undefined
       const out =
-        argv === undefined ? pumpChunks(child.stdout!, "stdout", sink) : pumpLines(child.stdout!, sink)
-      const err = pumpChunks(child.stderr!, "stderr", sink)
+        argv !== undefined
+          ? pumpLines(child.stdout!, sink)
+          : raw !== undefined
+            ? pumpRecords(child.stdout!, "stdout", raw)
+            : pumpChunks(child.stdout!, "stdout", sink)
+      const err =
+        raw !== undefined ? pumpRecords(child.stderr!, "stderr", raw) : pumpChunks(child.stderr!, "stderr", sink)
       const pumped = Promise.allSettled([out, err])
       child.once("exit", (code, signal) => {
         // leftovers of the turn (background jobs) die with it; their pipes then close

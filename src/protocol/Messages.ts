@@ -121,6 +121,11 @@ export const Hello = msg("hello", {
 export const FEATURE_EXPORT = "export"
 /** hello.features: the guest understands tty_turn, turn_input, turn_resize and turn_signal */
 export const FEATURE_TTY = "tty"
+/**
+ * hello.features: the guest understands `user_turn.output`: a shell turn's stdout and stderr go
+ * as records on that data channel (protocol/TurnOutput.ts) under its credit, not as events
+ */
+export const FEATURE_OUTPUT = "output"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
@@ -145,7 +150,12 @@ export const UserTurn = msg("user_turn", {
   turn: Schema.Number,
   text: Schema.String,
   /** absent or "shell": a shell command (or the configured agent command); "prompt": the model agent */
-  mode: Schema.optional(Schema.Literal("shell", "prompt"))
+  mode: Schema.optional(Schema.Literal("shell", "prompt")),
+  /**
+   * (FEATURE_OUTPUT) a host-opened (even) data channel for the turn's stdout/stderr records; the
+   * guest sends its EOF before turn_end (at once when the turn's output goes as events instead)
+   */
+  output: Schema.optional(Schema.Number)
 })
 export const Cancel = msg("cancel", { turn: Schema.Number })
 /** a terminal dimension (NAWS carries 16 bits) */

@@ -600,6 +600,7 @@ export class Mux {
       message.type === "export_begin"
     )
       this.open(message.channel)
+    else if (message.type === "user_turn" && message.output !== undefined) this.open(message.output)
     else if (message.type === "tunnel_deny" || message.type === "tunnel_close") {
       const channel = this.channels.get(message.channel)
       if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed`)
@@ -612,11 +613,13 @@ export class Mux {
         // the guest's receive window: our credit on the channels opened from now on
         if (message.window !== undefined) this.peerWindow = message.window
         return undefined
+      case "user_turn": // a turn's output channel (FEATURE_OUTPUT) is opened by the host like a transfer's
       case "transfer_begin":
       case "export_begin":
       case "tunnel_open":
       case "forward_open": {
-        const id = message.channel
+        const id = message.type === "user_turn" ? message.output : message.channel
+        if (id === undefined) return undefined
         if (!Number.isInteger(id) || id < 1 || id > MAX_CHANNEL_ID) {
           return new MuxError(`${message.type} names channel ${id}, not a data channel`)
         }

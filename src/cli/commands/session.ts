@@ -21,7 +21,7 @@ import { CliExit, edge, notAnOption, UsageError } from "../render.js"
 import { interactive } from "../interactive.js"
 import { progressBar, stepDisplay } from "../progress.js"
 import { holdingSession } from "../runMain.js"
-import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
+import { jsonEvent, printEvent, turnExitCode, writeOutput } from "../turnOutput.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { startSession } from "./detached.js"
@@ -121,8 +121,7 @@ const openFromArgs = (
     return yield* open(options)
   })
 
-const writeJsonLine = (value: unknown) =>
-  Effect.sync(() => process.stdout.write(JSON.stringify(value) + "\n"))
+const writeJsonLine = (value: unknown) => writeOutput(process.stdout, JSON.stringify(value) + "\n")
 
 /** One turn to the terminal: output as it comes; the end's exit status is returned. */
 export const printTurn = (session: Session, text: string, asJson: boolean, mode: TurnMode = "shell") =>

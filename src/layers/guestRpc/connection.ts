@@ -128,7 +128,7 @@ export const connect = (
       channelId,
       options.transferEndTimeout
     )
-    const { turn, ttyTurn, cancel } = makeTurns(link, dispatcher, hello)
+    const { turn, ttyTurn, cancel } = makeTurns(link, dispatcher, hello, channelId)
     return {
       hello,
       transfer,

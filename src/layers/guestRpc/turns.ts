@@ -9,7 +9,7 @@ import * as Effect from "effect/Effect"
 import * as Chunk from "effect/Chunk"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
-import { FEATURE_TTY, type HelloMessage } from "../../protocol/Messages.js"
+import { FEATURE_OUTPUT, FEATURE_TTY, type HelloMessage } from "../../protocol/Messages.js"
 import {
   type GuestRpcError,
   type TtyRequest,
@@ -19,11 +19,17 @@ import {
 import type { Dispatcher, TurnRoute } from "./dispatcher.js"
 import type { HostMux } from "./MuxAdapter.js"
 import { checkOpen } from "./tunnels.js"
+import { outputEvents, withOutputChannel } from "./turnOutput.js"
 
 /** after a cancel, how long the host waits for the guest to end the turn before going on */
 const CANCEL_WAIT = Duration.seconds(10)
 
-export const makeTurns = (link: HostMux, dispatcher: Dispatcher, hello: HelloMessage) => {
+export const makeTurns = (
+  link: HostMux,
+  dispatcher: Dispatcher,
+  hello: HelloMessage,
+  nextChannel: () => number
+) => {
   let nextTurn = (hello.contextTurns ?? 0) + 1
 
   /** interrupted before its end: the guest stops the turn, and the next turn waits (bounded) for it */
@@ -88,12 +94,27 @@ export const makeTurns = (link: HostMux, dispatcher: Dispatcher, hello: HelloMes
       )
     })
 
-  const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
-    runTurn(
-      Effect.fn("GuestRpc.turn")(function* (id: number) {
-        yield* link.send({ type: "user_turn", turn: id, text, ...(mode === "prompt" ? { mode } : {}) })
+  const sendTurn = (text: string, mode: "shell" | "prompt" | undefined, output?: number) =>
+    Effect.fn("GuestRpc.turn")(function* (id: number) {
+      yield* link.send({
+        type: "user_turn",
+        turn: id,
+        text,
+        ...(mode === "prompt" ? { mode } : {}),
+        ...(output === undefined ? {} : { output })
       })
-    )
+    })
+
+  const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
+    // a shell turn's stdout/stderr on a channel of its own, under its credit (FEATURE_OUTPUT):
+    // the channel is opened before user_turn names it, and reset when the turn's stream ends
+    mode !== "prompt" && hello.features?.includes(FEATURE_OUTPUT) === true
+      ? Stream.unwrapScoped(
+          Effect.map(link.channel(nextChannel()), (output) =>
+            withOutputChannel(outputEvents(output.read), runTurn(sendTurn(text, mode, output.id)))
+          )
+        )
+      : runTurn(sendTurn(text, mode))
 
   const ttyTurn = (
     text: string,
