@@ -28,6 +28,7 @@ import { VmmError, VmmUnavailable, type VmSpec } from "../domain/vm.js"
 import { minimalEnv } from "../vmm/argv.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { buildVfkitArgv, uncompressedKernel } from "../vmm/vfkit.js"
+import { sessionFile } from "../domain/sessionLayout.js"
 
 export { fallbackSignalFor } from "../vmm/supervisor.js"
 
@@ -116,7 +117,7 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
           env: minimalEnv(),
           // vfkit writes the guest serial into console.log itself (virtio-serial,logFilePath);
           // the helper keeps vfkit's own output, bounded, beside it
-          consoleLog: path.join(spec.sessionDir, "vfkit.log"),
+          consoleLog: sessionFile(spec.sessionDir, "vfkitLog"),
           consoleMaxBytes: options.vfkitLogMaxBytes ?? 1024 * 1024,
           restSocket,
           signal: fallbackSignal,

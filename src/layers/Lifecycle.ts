@@ -4,6 +4,7 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import { CACHE_FILES } from "../domain/sessionLayout.js"
 import { qemuAccel, readEnv, vfkitExecutable, vmmChoice } from "../lib/env.js"
 import { ImagesLive } from "./ImagesLive.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
@@ -65,7 +66,7 @@ const backends = Layer.unwrapEffect(
         ? DarwinVmmLive({ vfkit: yield* readEnv(vfkitExecutable) })
         : QemuVmmLive({
             accel: yield* readEnv(qemuAccel),
-            accelCache: path.join(paths.home, "cache", "accel.json")
+            accelCache: path.join(paths.homeFile("cache"), CACHE_FILES.accel)
           })
     return Layer.merge(vmm, images)
   })

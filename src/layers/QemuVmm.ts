@@ -14,6 +14,7 @@ import { kvmOpens, probeKvm } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
 import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
+import { SESSION_FILES } from "../domain/sessionLayout.js"
 
 export interface QemuVmmOptions {
   /** guest architecture this backend runs (default: the host's) */
@@ -127,7 +128,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       }
       const accel = yield* chooseAccel(qemu)
       // <dir>/qmp.sock, or a short path where that is too long for a unix socket
-      const qmpSocket = sessionSocketPath(spec.sessionDir, "qmp.sock")
+      const qmpSocket = sessionSocketPath(spec.sessionDir, SESSION_FILES.qmpSocket)
       yield* ensureSocketDir(qmpSocket).pipe(Effect.mapError((e) => vmmError("qmp", e.message)))
       yield* Effect.sync(() => fs.rmSync(qmpSocket, { force: true }))
       const args = buildQemuArgv({ ...spec, accel, qmpSocket })

@@ -7,6 +7,7 @@ import { createRequire } from "node:module"
 import * as path from "node:path"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type HeldLock, LockError, RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
+import { sessionFile } from "../domain/sessionLayout.js"
 
 /**
  * The per-session runtime lock: `sessions/<id>/lock` (0600, created when absent, never
@@ -34,8 +35,6 @@ interface NativeLocks {
 // a CommonJS native addon without type declarations; the bundle keeps it external
 const nativeLocks = createRequire(import.meta.url)("fs-native-extensions") as NativeLocks
 
-const LOCK_FILE = "lock"
-
 const errorCode = (cause: unknown): string | undefined =>
   typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string"
     ? cause.code
@@ -46,8 +45,6 @@ const describe = (cause: unknown): string => (cause instanceof Error ? cause.mes
 /** what a session id may look like on disk: one path segment */
 const isPlainSegment = (id: string): boolean =>
   id.length > 0 && id !== "." && id !== ".." && !id.includes("/") && !id.includes("\\") && !id.includes("\0")
-
-export const lockPathFor = (sessionDir: string): string => path.join(sessionDir, LOCK_FILE)
 
 export const RuntimeLockLive = Layer.effect(
   RuntimeLock,
@@ -103,7 +100,7 @@ export const RuntimeLockLive = Layer.effect(
           message: `not a session id: ${JSON.stringify(sessionId)}`
         })
       }
-      const lockPath = lockPathFor(paths.sessionDir(sessionId))
+      const lockPath = sessionFile(paths.sessionDir(sessionId), "lock")
       let handedOff = false
       const held: HeldLock = yield* Effect.acquireRelease(
         open(sessionId, lockPath).pipe(

@@ -26,6 +26,7 @@ import {
 import { GuestConfig } from "../protocol/GuestConfig.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services/SecretScrubber.js"
+import { HOME_FILES, SESSION_FILES } from "../domain/sessionLayout.js"
 
 /**
  * The secret scrubber, run on every start over `config.raw` and `guest-config.json` of every
@@ -50,7 +51,7 @@ import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services
  *   Outside a dry run, `changed` says the file was replaced.
  */
 
-export const SCRUBBED_FILES = ["config.raw", "guest-config.json"] as const
+export const SCRUBBED_FILES = [SESSION_FILES.configDisk, SESSION_FILES.guestConfig] as const
 
 export interface FileScrub {
   /** the bytes the file should hold (the input itself when clean) */
@@ -157,8 +158,8 @@ export const scrubGuestConfigJson = (bytes: Uint8Array): FileScrub => {
 }
 
 const scrubberFor: Record<(typeof SCRUBBED_FILES)[number], (bytes: Uint8Array) => FileScrub> = {
-  "config.raw": scrubConfigDisk,
-  "guest-config.json": scrubGuestConfigJson
+  [SESSION_FILES.configDisk]: scrubConfigDisk,
+  [SESSION_FILES.guestConfig]: scrubGuestConfigJson
 }
 
 const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
@@ -187,7 +188,7 @@ const ScrubCache = Schema.Struct({
 })
 const decodeScrubCache = Schema.decodeUnknownEither(Schema.parseJson(ScrubCache))
 
-export const SCRUB_CACHE_FILE = "scrub-cache.json"
+export const SCRUB_CACHE_FILE = HOME_FILES.scrubCache
 
 const statKey = (stat: nodeFs.Stats): string =>
   `${stat.dev}:${stat.ino}:${stat.size}:${stat.mtimeMs}:${stat.ctimeMs}`

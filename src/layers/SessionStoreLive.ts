@@ -33,6 +33,13 @@ import {
   type SessionStoreShape,
   StoreIoError
 } from "../services/SessionStore.js"
+import {
+  creatingDirName,
+  nameFileName,
+  nameLockPath,
+  removingDirName,
+  sessionFile
+} from "../domain/sessionLayout.js"
 
 export const NAME_FORMAT = 1
 
@@ -163,7 +170,7 @@ export const makeSessionStore = Effect.gen(function* () {
 
   const readMeta = (at: Located): Effect.Effect<SessionMeta, ReadError> =>
     Effect.gen(function* () {
-      const file = path.join(at.dir, "session.json")
+      const file = sessionFile(at.dir, "meta")
       const meta = yield* readJson(file, at.id, SessionMeta, SESSION_FORMAT)
       if (meta.id !== at.id) {
         const reason = `it records id "${meta.id}" but lives in directory "${at.id}"`
@@ -209,7 +216,7 @@ export const makeSessionStore = Effect.gen(function* () {
                 const info = yield* fs.stat(at.dir).pipe(Effect.option)
                 if (Option.isNone(info) || info.value.type !== "Directory")
                   return Option.none<SessionListing>()
-                const file = path.join(at.dir, "session.json")
+                const file = sessionFile(at.dir, "meta")
                 const reason = "session.json is missing"
                 return Option.some<SessionListing>({
                   _tag: "Corrupt",
@@ -242,11 +249,11 @@ export const makeSessionStore = Effect.gen(function* () {
 
   // ---- names ----
 
-  const nameFile = (stem: string) => path.join(paths.names, `${stem}.json`)
+  const nameFile = (stem: string) => path.join(paths.names, nameFileName(stem))
 
   /** hold the `<stem>.json.lock` flock (and the in-process mutex) while `use` runs */
   const withNameLock = <A, E>(stem: string, use: Effect.Effect<A, E>): Effect.Effect<A, E | StoreIoError> => {
-    const lockPath = `${nameFile(stem)}.lock`
+    const lockPath = nameLockPath(nameFile(stem))
     return nameMutex.withPermits(1)(
       Effect.scoped(
         Effect.gen(function* () {
@@ -493,7 +500,7 @@ export const makeSessionStore = Effect.gen(function* () {
       ...(input.policy !== undefined ? { policy: input.policy } : {})
     }
     // build the directory under a dot-name, then rename: a session appears whole or not at all
-    const staging = path.join(paths.sessions, `.${id}.creating`)
+    const staging = path.join(paths.sessions, creatingDirName(id))
     const dir = paths.sessionDir(id)
     yield* Effect.gen(function* () {
       yield* fs
@@ -504,8 +511,8 @@ export const makeSessionStore = Effect.gen(function* () {
         catch: () =>
           new StoreIoError({ path: staging, operation: "chmod", message: `cannot chmod ${staging}` })
       })
-      yield* writeJsonAtomic(path.join(staging, "session.json"), SessionMeta, meta, FILE_MODE).pipe(
-        Effect.mapError(ioError(path.join(staging, "session.json"), "write"))
+      yield* writeJsonAtomic(sessionFile(staging, "meta"), SessionMeta, meta, FILE_MODE).pipe(
+        Effect.mapError(ioError(sessionFile(staging, "meta"), "write"))
       )
       yield* fs.rename(staging, dir).pipe(Effect.mapError(ioError(dir, "rename")))
       yield* fsyncDir(paths.sessions).pipe(Effect.mapError(ioError(paths.sessions, "fsync")))
@@ -530,7 +537,7 @@ export const makeSessionStore = Effect.gen(function* () {
     yield* refuseLegacy(at, "update")
     const meta = yield* readMeta(at)
     const next: SessionMeta = { ...f(meta), format: SESSION_FORMAT, id: meta.id }
-    const file = path.join(at.dir, "session.json")
+    const file = sessionFile(at.dir, "meta")
     yield* writeJsonAtomic(file, SessionMeta, next, FILE_MODE).pipe(Effect.mapError(ioError(file, "write")))
     return next
   })
@@ -543,7 +550,7 @@ export const makeSessionStore = Effect.gen(function* () {
       yield* unbindName(binding.name).pipe(Effect.catchTag("SessionNotFound", () => Effect.void))
     }
     // rename first: the session disappears atomically even if the recursive delete is cut short
-    const doomed = path.join(paths.sessions, `.${id}.removing`)
+    const doomed = path.join(paths.sessions, removingDirName(id))
     yield* fs.rename(at.dir, doomed).pipe(Effect.mapError(ioError(at.dir, "rename")))
     yield* fsyncDir(paths.sessions).pipe(Effect.mapError(ioError(paths.sessions, "fsync")))
     yield* fs.remove(doomed, { recursive: true }).pipe(Effect.mapError(ioError(doomed, "remove")))
@@ -551,7 +558,7 @@ export const makeSessionStore = Effect.gen(function* () {
 
   const readGuestConfig = Effect.fn("SessionStore.readGuestConfig")(function* (id: string) {
     const at = yield* locate(id)
-    return yield* readJson(path.join(at.dir, "guest-config.json"), id, GuestConfig, GUEST_CONFIG_FORMAT)
+    return yield* readJson(sessionFile(at.dir, "guestConfig"), id, GuestConfig, GUEST_CONFIG_FORMAT)
   })
 
   const writeGuestConfig = Effect.fn("SessionStore.writeGuestConfig")(function* (
@@ -565,7 +572,7 @@ export const makeSessionStore = Effect.gen(function* () {
       )
     )
     yield* refuseLegacy(at, "write guest-config.json")
-    const file = path.join(at.dir, "guest-config.json")
+    const file = sessionFile(at.dir, "guestConfig")
     yield* writeJsonAtomic(file, GuestConfig, config, FILE_MODE).pipe(Effect.mapError(ioError(file, "write")))
   })
 

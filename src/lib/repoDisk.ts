@@ -26,6 +26,7 @@ import { DiskError } from "../domain/image.js"
 import type { RepoDiskFormat, RepoDisks } from "../domain/vm.js"
 import { checkFreeSpace } from "./disk.js"
 import type { SourceScan } from "./snapshot.js"
+import { sessionFile } from "../domain/sessionLayout.js"
 
 /** uid:gid of the repository user in abox images (images/build-*.sh: `agent`, 1000:1000) */
 export const REPO_OWNER = { uid: 1000, gid: 1000 } as const
@@ -37,8 +38,8 @@ const BASE_LABEL = "abox-base"
 export const MIN_REPO_DISK_BYTES = 8 * 1024 * 1024 * 1024
 
 export const repoDiskFiles = (dir: string, format: RepoDiskFormat) => ({
-  base: path.join(dir, "repo-base.raw"),
-  repo: path.join(dir, format === "qcow2" ? "repo.qcow2" : "repo.raw")
+  base: sessionFile(dir, "repoBase"),
+  repo: sessionFile(dir, format === "qcow2" ? "repoQcow2" : "repoRaw")
 })
 
 /** the disks a session directory holds, if any (sessions made before them have none) */

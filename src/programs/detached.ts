@@ -168,7 +168,7 @@ const cliEntry = Effect.gen(function* () {
 export const startDetached = Effect.fn("detached.start")(function* (spec: SuperviseSpec) {
   const paths = yield* AboxPaths
   const cli = yield* cliEntry
-  const logFile = path.join(paths.home, "supervisor.log")
+  const logFile = paths.homeFile("supervisorLog")
   const log = yield* Effect.try({
     try: () => {
       fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 })

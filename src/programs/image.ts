@@ -19,6 +19,7 @@ import { AboxPaths } from "../services/AboxPaths.js"
 import { GuestArch } from "../domain/session.js"
 import { type AgentStart, IMAGE_NAME } from "../domain/image.js"
 import { listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
+import { IMAGE_FILES, sessionFile } from "../domain/sessionLayout.js"
 
 /** `abox image build` could not build (a recipe step failed, an input is missing) */
 export class ImageBuildFailed extends Schema.TaggedError<ImageBuildFailed>()("ImageBuildFailed", {
@@ -114,21 +115,21 @@ const buildAgentSnapshot = (staging: string, arch: GuestArch) =>
       }),
       (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined))
     )
-    const configDisk = path.join(sockets, "config.raw")
+    const configDisk = sessionFile(sockets, "configDisk")
     yield* Effect.tryPromise({
       try: () => fs.writeFile(configDisk, Buffer.alloc(4096)),
       catch: (cause) => fail("first boot", `${configDisk}: ${reasonOf(cause)}`)
     })
-    const rpcSocket = path.join(sockets, "rpc.sock")
+    const rpcSocket = sessionFile(sockets, "rpcSocket")
     const argv = buildQemuArgv({
       arch,
       accel: yield* sessionAccel(arch),
-      kernel: path.join(staging, "vmlinuz"),
-      initrd: path.join(staging, "initrd.gz"),
-      rootDisk: path.join(staging, "root.raw"),
+      kernel: path.join(staging, IMAGE_FILES.kernel),
+      initrd: path.join(staging, IMAGE_FILES.initrd),
+      rootDisk: path.join(staging, IMAGE_FILES.root),
       configDisk,
       rpcSocket,
-      qmpSocket: path.join(sockets, "qmp.sock"),
+      qmpSocket: sessionFile(sockets, "qmpSocket"),
       cpus: 2,
       memoryMiB: 1024,
       kernelArgs: ["abox.snapshot=build"]
@@ -176,7 +177,7 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   )
   const recipe = path.join(root, "images", `build-${options.variant}.sh`)
   if (!existsSync(recipe)) return yield* fail("recipe", `recipe ${recipe} not found`)
-  const cache = options.cacheDir ?? path.join(paths.home, "cache")
+  const cache = options.cacheDir ?? paths.homeFile("cache")
   const onPhase = options.onPhase ?? (() => Effect.void)
 
   const staging = path.join(paths.images, `.build-${crypto.randomBytes(6).toString("hex")}`)

@@ -1,10 +1,10 @@
 import * as Effect from "effect/Effect"
 import * as fs from "node:fs/promises"
-import { lockPathFor } from "../layers/RuntimeLockLive.js"
 import { diskUsage } from "../lib/diskUsage.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, type SessionListing } from "../services/SessionStore.js"
+import { SESSION_FILES, sessionFile } from "../domain/sessionLayout.js"
 
 export type SessionStatus = "running" | "stopped"
 
@@ -26,7 +26,7 @@ export const sessionStatus = Effect.fn("sessionStatus")(function* (
   const hasLock =
     hasLockFile ??
     (yield* Effect.promise(() =>
-      fs.access(lockPathFor(paths.sessionDir(id))).then(
+      fs.access(sessionFile(paths.sessionDir(id), "lock")).then(
         () => true,
         () => false
       )
@@ -56,7 +56,7 @@ export const listSessions = Effect.fn("listSessions")(function* () {
     (row) =>
       Effect.gen(function* () {
         let hasLockFile = false
-        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes("lock")))
+        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes(SESSION_FILES.lock)))
         return { bytes, status: yield* sessionStatus(row.id, hasLockFile) }
       }).pipe(
         Effect.map(({ status, bytes }): ListedSession => ({

@@ -9,13 +9,13 @@ import * as Stream from "effect/Stream"
 import * as Schema from "effect/Schema"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
-import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
+import { sessionFile } from "../domain/sessionLayout.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig, type ModelSpec } from "../protocol/GuestConfig.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import {
@@ -41,7 +41,6 @@ import { withRules } from "../lib/broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,
-  MODEL_CATALOG_FILE,
   ModelCatalogError,
   resolveModel,
   type ModelCatalog
@@ -165,9 +164,9 @@ const checkResources = (options: BootOptions) =>
   })
 
 export const sessionFiles = (dir: string) => ({
-  rootDisk: path.join(dir, "root.raw"),
-  configDisk: path.join(dir, "config.raw"),
-  consoleLog: path.join(dir, "console.log"),
+  rootDisk: sessionFile(dir, "rootDisk"),
+  configDisk: sessionFile(dir, "configDisk"),
+  consoleLog: sessionFile(dir, "consoleLog"),
   // <dir>/rpc.sock, or a short path where that is too long for a unix socket (macOS: 104 bytes)
   rpcSocket: rpcSocketPath(dir)
 })
@@ -193,7 +192,7 @@ export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], r
 const defaultPolicy = Effect.gen(function* () {
   const paths = yield* AboxPaths
   const broker = yield* HttpsBroker
-  const file = path.join(paths.home, "broker.json")
+  const file = paths.homeFile("brokerPolicy")
   const present = yield* Effect.promise(() =>
     fs.access(file).then(
       () => true,
@@ -206,7 +205,7 @@ const defaultPolicy = Effect.gen(function* () {
 /** the model catalog: built in, overridden by `$ABOX_HOME/models.json` (docs/on-disk.md) */
 export const loadModelCatalog = Effect.gen(function* () {
   const paths = yield* AboxPaths
-  const file = path.join(paths.home, MODEL_CATALOG_FILE)
+  const file = paths.homeFile("modelCatalog")
   const text = yield* Effect.tryPromise({
     try: () =>
       fs.readFile(file, "utf8").catch((error: NodeJS.ErrnoException) => {
@@ -309,7 +308,7 @@ const boot = Effect.fn("session.boot")(function* (
   )
 
   yield* phase(options, "boot")
-  if (files.rpcSocket !== path.join(dir, "rpc.sock") && meta.rpcSocket !== files.rpcSocket) {
+  if (files.rpcSocket !== sessionFile(dir, "rpcSocket") && meta.rpcSocket !== files.rpcSocket) {
     yield* store.update(meta.id, (current) => ({ ...current, rpcSocket: files.rpcSocket }))
   }
   yield* ensureSocketDir(files.rpcSocket).pipe(

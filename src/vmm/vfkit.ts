@@ -16,6 +16,7 @@ import * as fs from "node:fs"
 import * as http from "node:http"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
+import { KERNEL_IMAGE_FILE } from "../domain/sessionLayout.js"
 import type { RepoDisks } from "../domain/vm.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
@@ -159,9 +160,9 @@ const isGzip = (file: string): boolean => {
 
 /**
  * The uncompressed kernel an aarch64 image ships beside `vmlinuz` (images/build-small.sh; the
- * registry records it as `files.kernelImage`, `KERNEL_IMAGE_FILE` in src/lib/images.ts)
+ * registry records it as `files.kernelImage`; src/domain/sessionLayout.ts names it)
  */
-export const SHIPPED_KERNEL_IMAGE = "Image"
+export const SHIPPED_KERNEL_IMAGE = KERNEL_IMAGE_FILE
 
 /**
  * Virtualization.framework boots only an uncompressed arm64 `Image` ("the kernel must be

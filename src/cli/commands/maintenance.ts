@@ -17,6 +17,7 @@ import { SessionStore, StoreIoError } from "../../services/SessionStore.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
+import { SESSION_FILES } from "../../domain/sessionLayout.js"
 
 /** done when the session stops: session.json is rewritten at Close, then the lock is free */
 const untilStopped = (dir: string, id: string) =>
@@ -27,7 +28,7 @@ const untilStopped = (dir: string, id: string) =>
           let wake = () => {}
           const happened = new Promise<void>((resolve) => (wake = resolve))
           const watcher = fs.watch(dir, (_event, name) => {
-            if (name === "session.json" || name === "lock") wake()
+            if (name === SESSION_FILES.meta || name === SESSION_FILES.lock) wake()
           })
           return { watcher, happened }
         }),
