@@ -7,12 +7,12 @@ import { createRequire } from "node:module"
 import * as path from "node:path"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type HeldLock, LockError, RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
-import { sessionFile } from "../domain/sessionLayout.js"
+import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
 
 /**
- * The per-session runtime lock: `sessions/<id>/lock` (0600, created when absent, never
- * deleted), locked exclusively and without waiting through `fs-native-extensions`:
- * flock(2) on macOS, open-file-description locks (F_OFD_SETLK) on Linux. Both belong to the
+ * The per-session runtime lock: `<session dir>/lock` in the directory SessionStore located (the
+ * current home or the legacy one; 0600, created when absent, never deleted), locked exclusively
+ * and without waiting through `fs-native-extensions`: flock(2) on macOS, open-file-description locks (F_OFD_SETLK) on Linux. Both belong to the
  * open file description, not to the process, so:
  *
  * - every `acquire` opens the file afresh: a second acquire in the same process (another
@@ -93,14 +93,15 @@ export const RuntimeLockLive = Layer.effect(
         Effect.asVoid
       )
 
-    const acquire = Effect.fn("RuntimeLock.acquire")(function* (sessionId: string) {
+    const acquire = Effect.fn("RuntimeLock.acquire")(function* (session: SessionLocation | string) {
+      const sessionId = typeof session === "string" ? session : session.id
       if (!isPlainSegment(sessionId)) {
         return yield* new LockError({
           path: sessionId,
           message: `not a session id: ${JSON.stringify(sessionId)}`
         })
       }
-      const lockPath = sessionFile(paths.sessionDir(sessionId), "lock")
+      const lockPath = sessionFile(typeof session === "string" ? paths.sessionDir(sessionId) : session.dir, "lock")
       let handedOff = false
       const held: HeldLock = yield* Effect.acquireRelease(
         open(sessionId, lockPath).pipe(

@@ -7,8 +7,9 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { createRequire } from "node:module"
-// Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock and a
-// chmod that must not depend on the umask.
+// Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock, a
+// chmod that must not depend on the umask, and the synchronous stat of `dir`.
+import * as nodeFsSync from "node:fs"
 import * as nodeFs from "node:fs/promises"
 import * as path from "node:path"
 import { describeParseError } from "../lib/parseErrors.js"
@@ -38,7 +39,8 @@ import {
   nameFileName,
   nameLockPath,
   removingDirName,
-  sessionFile
+  sessionFile,
+  type SessionLocation
 } from "../domain/sessionLayout.js"
 
 export const NAME_FORMAT = 1
@@ -59,8 +61,6 @@ const LIST_CONCURRENCY = 32
 const decodeJsonText = Schema.decodeUnknownEither(Schema.parseJson())
 const FormatField = Schema.Struct({ format: Schema.Number })
 const decodeFormatField = Schema.decodeUnknownOption(FormatField)
-
-type Located = { readonly id: string; readonly dir: string; readonly legacy: boolean }
 
 interface FsLock {
   readonly waitForLock: (fd: number) => Promise<boolean>
@@ -90,8 +90,6 @@ export const makeSessionStore = Effect.gen(function* () {
   const fs = yield* FileSystem.FileSystem
   const paths = yield* AboxPaths
   const ids = makeIdGenerator()
-  /** ids found in the legacy home, so that `dir` (synchronous) can answer for them */
-  const legacyIds = new Set<string>()
   /** serialises name writers in this process; the flock serialises processes */
   const nameMutex = yield* Effect.makeSemaphore(1)
 
@@ -148,7 +146,7 @@ export const makeSessionStore = Effect.gen(function* () {
     })
 
   /** the session directory of `id`: the current home first, then the legacy one */
-  const locate = (id: string): Effect.Effect<Located, SessionNotFound | StoreIoError> =>
+  const locateId = (id: string): Effect.Effect<SessionLocation, SessionNotFound | StoreIoError> =>
     Effect.gen(function* () {
       if (!isSafeSegment(id)) return yield* new SessionNotFound({ ref: id, message: `no session "${id}"` })
       for (const [dir, legacy] of [
@@ -161,14 +159,13 @@ export const makeSessionStore = Effect.gen(function* () {
           Effect.mapError(ioError(dir, "stat"))
         )
         if (Option.isSome(info) && info.value.type === "Directory") {
-          if (legacy) legacyIds.add(id)
           return { id, dir, legacy }
         }
       }
       return yield* new SessionNotFound({ ref: id, message: `no session "${id}"` })
     })
 
-  const readMeta = (at: Located): Effect.Effect<SessionMeta, ReadError> =>
+  const readMeta = (at: SessionLocation): Effect.Effect<SessionMeta, ReadError> =>
     Effect.gen(function* () {
       const file = sessionFile(at.dir, "meta")
       const meta = yield* readJson(file, at.id, SessionMeta, SESSION_FORMAT)
@@ -179,7 +176,7 @@ export const makeSessionStore = Effect.gen(function* () {
       return meta
     })
 
-  const refuseLegacy = (at: Located, operation: string) =>
+  const refuseLegacy = (at: SessionLocation, operation: string) =>
     at.legacy
       ? Effect.fail(
           new StoreIoError({
@@ -191,7 +188,7 @@ export const makeSessionStore = Effect.gen(function* () {
       : Effect.void
 
   const get = Effect.fn("SessionStore.get")(function* (id: string) {
-    return yield* readMeta(yield* locate(id))
+    return yield* readMeta(yield* locateId(id))
   })
 
   const listHome = (root: string, legacy: boolean) =>
@@ -204,7 +201,7 @@ export const makeSessionStore = Effect.gen(function* () {
       const rows = yield* Effect.forEach(
         candidates,
         (id) => {
-          const at: Located = { id, dir: path.join(root, id), legacy }
+          const at: SessionLocation = { id, dir: path.join(root, id), legacy }
           return readMeta(at).pipe(
             Effect.map((meta): Option.Option<SessionListing> => Option.some({ _tag: "Ok", ...at, meta })),
             Effect.catchAll((error) =>
@@ -233,7 +230,6 @@ export const makeSessionStore = Effect.gen(function* () {
         },
         { concurrency: LIST_CONCURRENCY }
       )
-      if (legacy) for (const id of candidates) legacyIds.add(id)
       return rows.flatMap((row) => (Option.isSome(row) ? [row.value] : []))
     })
 
@@ -308,7 +304,7 @@ export const makeSessionStore = Effect.gen(function* () {
   }
 
   const exists = (id: string) =>
-    locate(id).pipe(
+    locateId(id).pipe(
       Effect.as(true),
       Effect.catchTag("SessionNotFound", () => Effect.succeed(false))
     )
@@ -322,7 +318,7 @@ export const makeSessionStore = Effect.gen(function* () {
         message: `"${name}" is the id of a session, which refs resolve first: choose another name`
       })
     }
-    yield* locate(id)
+    yield* locateId(id)
     return yield* withNameLock(
       stem,
       Effect.gen(function* () {
@@ -457,16 +453,16 @@ export const makeSessionStore = Effect.gen(function* () {
     return files.flatMap((f) => (Option.isSome(f) ? [toBinding(f.value)] : []))
   })
 
-  const resolve = Effect.fn("SessionStore.resolve")(function* (ref: string) {
-    const direct = yield* locate(ref).pipe(Effect.option)
-    if (Option.isSome(direct)) return direct.value.id
+  const locate = Effect.fn("SessionStore.locate")(function* (ref: string) {
+    const direct = yield* locateId(ref).pipe(Effect.option)
+    if (Option.isSome(direct)) return direct.value
     const binding = yield* lookupName(ref).pipe(
       Effect.catchTag(
         "SessionNotFound",
         () => new SessionNotFound({ ref, message: `no session or session name "${ref}"` })
       )
     )
-    const target = yield* locate(binding.sessionId).pipe(
+    const target = yield* locateId(binding.sessionId).pipe(
       Effect.catchTag(
         "SessionNotFound",
         () =>
@@ -476,8 +472,21 @@ export const makeSessionStore = Effect.gen(function* () {
           })
       )
     )
-    return target.id
+    return target
   })
+
+  const resolve = Effect.fn("SessionStore.resolve")(function* (ref: string) {
+    return (yield* locate(ref)).id
+  })
+
+  /** synchronous (SessionStoreShape.dir): one stat per home, nothing remembered between calls */
+  const dir = (id: string): string => {
+    const current = paths.sessionDir(id)
+    if (!isSafeSegment(id)) return current
+    const isDirectory = (p: string) => nodeFsSync.statSync(p, { throwIfNoEntry: false })?.isDirectory() === true
+    const legacy = path.join(paths.legacySessions, id)
+    return !isDirectory(current) && isDirectory(legacy) ? legacy : current
+  }
 
   // ---- writes ----
 
@@ -533,7 +542,7 @@ export const makeSessionStore = Effect.gen(function* () {
     id: string,
     f: (meta: SessionMeta) => SessionMeta
   ) {
-    const at = yield* locate(id)
+    const at = yield* locateId(id)
     yield* refuseLegacy(at, "update")
     const meta = yield* readMeta(at)
     const next: SessionMeta = { ...f(meta), format: SESSION_FORMAT, id: meta.id }
@@ -543,7 +552,7 @@ export const makeSessionStore = Effect.gen(function* () {
   })
 
   const remove = Effect.fn("SessionStore.remove")(function* (id: string) {
-    const at = yield* locate(id)
+    const at = yield* locateId(id)
     yield* refuseLegacy(at, "remove")
     const names = yield* listNames()
     for (const binding of names.filter((b) => b.sessionId === id)) {
@@ -557,7 +566,7 @@ export const makeSessionStore = Effect.gen(function* () {
   })
 
   const readGuestConfig = Effect.fn("SessionStore.readGuestConfig")(function* (id: string) {
-    const at = yield* locate(id)
+    const at = yield* locateId(id)
     return yield* readJson(sessionFile(at.dir, "guestConfig"), id, GuestConfig, GUEST_CONFIG_FORMAT)
   })
 
@@ -565,7 +574,7 @@ export const makeSessionStore = Effect.gen(function* () {
     id: string,
     config: GuestConfig
   ) {
-    const at = yield* locate(id).pipe(
+    const at = yield* locateId(id).pipe(
       Effect.catchTag(
         "SessionNotFound",
         (e) => new StoreIoError({ path: paths.sessionDir(id), operation: "write", message: e.message })
@@ -582,9 +591,10 @@ export const makeSessionStore = Effect.gen(function* () {
     list,
     update,
     remove,
-    dir: (id) => (legacyIds.has(id) ? path.join(paths.legacySessions, id) : paths.sessionDir(id)),
+    dir,
     readGuestConfig,
     writeGuestConfig,
+    locate,
     resolve,
     bindName,
     lookupName,

@@ -245,8 +245,8 @@ export interface ControlConnection {
  */
 export const connect = Effect.fn("detached.connect")(function* (ref: string) {
   const store = yield* SessionStore
-  const sessionId = yield* store.resolve(ref)
-  const socketPath = controlSocketPath(store.dir(sessionId))
+  const { id: sessionId, dir } = yield* store.locate(ref)
+  const socketPath = controlSocketPath(dir)
   const socket = yield* Effect.acquireRelease(
     connectUnix(socketPath).pipe(
       Effect.mapError((failure) =>

@@ -104,7 +104,7 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
     const temps = files.filter((f) => f.startsWith(".") && f.includes(".tmp-"))
     if (sockets.length === 0 && temps.length === 0) continue
     // only when nobody holds the session: a running VM's sockets and writes are its own
-    const free = yield* Effect.scoped(lock.acquire(row.id)).pipe(
+    const free = yield* Effect.scoped(lock.acquire(row)).pipe(
       Effect.as(true),
       Effect.orElseSucceed(() => false)
     )

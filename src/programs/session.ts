@@ -15,7 +15,7 @@ import { stripTerminalControls } from "../lib/terminalText.js"
 import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
-import { sessionFile } from "../domain/sessionLayout.js"
+import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig, type ModelSpec } from "../protocol/GuestConfig.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import {
@@ -269,6 +269,8 @@ const guestConfigFor = (
  */
 const boot = Effect.fn("session.boot")(function* (
   meta: SessionMeta,
+  /** the session directory (SessionStore located it) */
+  dir: string,
   image: Pick<GoldenImage, "kernel" | "initrd" | "arch">,
   lock: HeldLock,
   options: BootOptions,
@@ -279,7 +281,6 @@ const boot = Effect.fn("session.boot")(function* (
   const vmm = yield* VmmBackend
   const rpc = yield* GuestRpc
   const httpsBroker = yield* HttpsBroker
-  const dir = store.dir(meta.id)
   const files = sessionFiles(dir)
 
   yield* phase(options, "config")
@@ -431,6 +432,7 @@ const transactional = <A, E, R, E2, R2>(
  */
 export const open = Effect.fn("open")(function* (options: OpenOptions) {
   const store = yield* SessionStore
+  const paths = yield* AboxPaths
   const lock = yield* RuntimeLock
   const images = yield* Images
   const vmm = yield* VmmBackend
@@ -463,7 +465,9 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB },
     policy
   })
-  const dir = store.dir(meta.id)
+  // create makes every new session in the current home
+  const session: SessionLocation = { id: meta.id, dir: paths.sessionDir(meta.id), legacy: false }
+  const dir = session.dir
   const progress = (done: boolean) =>
     options.onProgress?.({
       files: done ? scan.files : 0,
@@ -474,7 +478,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
 
   return yield* transactional(
     Effect.gen(function* () {
-      const held = yield* lock.acquire(meta.id)
+      const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
       yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
       // the snapshot as a disk built here (no per-file work in the guest), where the backend
@@ -486,7 +490,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
         disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
         if (disks !== undefined) yield* progress(true)
       }
-      const booted = yield* boot(meta, image, held, options, policy, disks)
+      const booted = yield* boot(meta, dir, image, held, options, policy, disks)
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
         yield* phase(options, "transfer")
         yield* progress(false)
@@ -529,10 +533,11 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
   const vmm = yield* VmmBackend
 
   yield* checkResources(options)
-  const id = yield* store.resolve(ref)
+  const session = yield* store.locate(ref)
+  const id = session.id
   return yield* transactional(
     Effect.gen(function* () {
-      const held = yield* lock.acquire(id)
+      const held = yield* lock.acquire(session)
       const recorded = yield* store.get(id)
       const compat = yield* checkCompatibility(recorded, {
         os: process.platform,
@@ -562,12 +567,13 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       }))
       const booted = yield* boot(
         meta,
+        session.dir,
         { ...image, arch: compat.guest.arch },
         held,
         { ...options, model: meta.model },
         policy,
         // a backend without repository disks cannot resume a session that has them
-        vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(store.dir(id))
+        vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(session.dir)
       )
       const connection = booted.connection
       // the guest's own word on its protocol wins over what was recorded (or backfilled)
@@ -579,7 +585,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
               guest: { arch: compat.guest.arch, protocol: connection.hello.protocol }
             }))
       yield* phase(options, "ready")
-      return sessionFrom(current, store.dir(id), booted, [])
+      return sessionFrom(current, session.dir, booted, [])
     }),
     Effect.void
   )
