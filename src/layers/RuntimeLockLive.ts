@@ -8,6 +8,7 @@ import * as path from "node:path"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type HeldLock, LockError, RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
 import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
  * The per-session runtime lock: `<session dir>/lock` in the directory SessionStore located (the
@@ -40,8 +41,6 @@ const errorCode = (cause: unknown): string | undefined =>
     ? cause.code
     : undefined
 
-const describe = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 /** what a session id may look like on disk: one path segment */
 const isPlainSegment = (id: string): boolean =>
   id.length > 0 && id !== "." && id !== ".." && !id.includes("/") && !id.includes("\\") && !id.includes("\0")
@@ -60,7 +59,7 @@ export const RuntimeLockLive = Layer.effect(
             message:
               errorCode(cause) === "ENOENT"
                 ? `session ${sessionId} has no directory (${path.dirname(lockPath)})`
-                : `cannot open the lock file: ${describe(cause)}`
+                : `cannot open the lock file: ${errorMessage(cause)}`
           })
       })
 
@@ -83,7 +82,7 @@ export const RuntimeLockLive = Layer.effect(
           // F_OFD_SETLK may report a conflict as EACCES instead of EAGAIN
           errorCode(cause) === "EACCES" || errorCode(cause) === "EAGAIN"
             ? busy(sessionId)
-            : new LockError({ path: lockPath, message: `cannot lock: ${describe(cause)}` })
+            : new LockError({ path: lockPath, message: `cannot lock: ${errorMessage(cause)}` })
       }).pipe(
         Effect.filterOrFail(
           (locked) => locked,

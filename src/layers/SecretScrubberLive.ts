@@ -27,6 +27,7 @@ import { GuestConfig } from "../protocol/GuestConfig.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services/SecretScrubber.js"
 import { HOME_FILES, SESSION_FILES } from "../domain/sessionLayout.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
  * The secret scrubber, run on every start over `config.raw` and `guest-config.json` of every
@@ -162,8 +163,6 @@ const scrubberFor: Record<(typeof SCRUBBED_FILES)[number], (bytes: Uint8Array) =
   [SESSION_FILES.guestConfig]: scrubGuestConfigJson
 }
 
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 const errorCode = (cause: unknown): string | undefined =>
   typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string"
     ? cause.code
@@ -254,7 +253,7 @@ const scanHomes = (
       entries = nodeFs.readdirSync(home, { withFileTypes: true })
     } catch (cause) {
       // an absent home (the legacy one, usually) is simply empty
-      if (errorCode(cause) !== "ENOENT") problems.push({ path: home, reason: reasonOf(cause) })
+      if (errorCode(cause) !== "ENOENT") problems.push({ path: home, reason: errorMessage(cause) })
       continue
     }
     const sessionIds = entries
@@ -279,7 +278,7 @@ const scanHomes = (
           if (result.count > 0 || result.changed) dirty.push({ file, sessionId, legacy, result })
           else if (stat.ctimeMs <= recordableBeforeMs) clean.set(file, key)
         } catch (cause) {
-          if (errorCode(cause) !== "ENOENT") problems.push({ path: file, reason: reasonOf(cause) })
+          if (errorCode(cause) !== "ENOENT") problems.push({ path: file, reason: errorMessage(cause) })
         }
       }
     }

@@ -27,6 +27,7 @@ import {
   KERNEL_IMAGE_FILE
 } from "../domain/sessionLayout.js"
 import { writeJsonAtomic } from "./atomicFile.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
  * The image registry: `$ABOX_HOME/images/<name>/<digest>/{vmlinuz,initrd.gz,root.raw,image.json}`,
@@ -35,11 +36,10 @@ import { writeJsonAtomic } from "./atomicFile.js"
  * other kind), recorded as `files.kernelImage`.
  */
 
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
-    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${reasonOf(cause)}` })
+    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
   })
 
 export const sha256File = (file: string) =>
@@ -81,7 +81,7 @@ const readText = (file: string) =>
       typeof cause === "object" && cause !== null && "code" in cause && cause.code === "ENOENT"
         ? Effect.succeed(undefined)
         : Effect.fail(
-            new DiskError({ path: file, reason: "read", message: `read ${file}: ${reasonOf(cause)}` })
+            new DiskError({ path: file, reason: "read", message: `read ${file}: ${errorMessage(cause)}` })
           )
     )
   )

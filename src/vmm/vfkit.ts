@@ -18,6 +18,7 @@ import * as path from "node:path"
 import * as zlib from "node:zlib"
 import { KERNEL_IMAGE_FILE } from "../domain/sessionLayout.js"
 import type { RepoDisks } from "../domain/vm.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
 export const RPC_VSOCK_PORT = 1024
@@ -201,7 +202,7 @@ export const uncompressedKernel = (kernel: string, fallbackDir: string) =>
       throw new Error(`cannot write the uncompressed kernel to ${candidates.join(" or ")}`)
     },
     catch: (cause) =>
-      new KernelError({ path: kernel, reason: cause instanceof Error ? cause.message : String(cause) })
+      new KernelError({ path: kernel, reason: errorMessage(cause) })
   })
 
 // ---- RESTful API -----------------------------------------------------------------------------
