@@ -17,9 +17,8 @@
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
-// Raw node:fs: the PATH lookup is a plain access check, and a stale REST socket file is removed.
+// Raw node:fs: a stale REST socket file is removed.
 import * as fs from "node:fs"
-import * as path from "node:path"
 import { ensureSocketDir, maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
 import { hostArch } from "../lib/arch.js"
 import type { GuestArch } from "../domain/session.js"
@@ -29,6 +28,7 @@ import { minimalEnv } from "../vmm/argv.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { buildVfkitArgv, uncompressedKernel } from "../vmm/vfkit.js"
 import { sessionFile } from "../domain/sessionLayout.js"
+import { findExecutable } from "../lib/executable.js"
 
 export { fallbackSignalFor } from "../vmm/supervisor.js"
 
@@ -49,23 +49,6 @@ export interface DarwinVmmOptions {
 
 const vmmError = (reason: string, message: string) => new VmmError({ backend: "vz", reason, message })
 
-const findExecutable = (binary: string): string | undefined => {
-  const candidates = binary.includes("/")
-    ? [binary]
-    : (process.env.PATH ?? "/usr/local/bin:/opt/homebrew/bin:/usr/bin:/bin")
-        .split(":")
-        .concat(["/opt/homebrew/bin", "/usr/local/bin"])
-        .map((dir) => path.join(dir, binary))
-  return candidates.find((candidate) => {
-    try {
-      fs.accessSync(candidate, fs.constants.X_OK)
-      return fs.statSync(candidate).isFile()
-    } catch {
-      return false
-    }
-  })
-}
-
 export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
   Effect.sync(() => {
     const platform = options.platform ?? process.platform
@@ -75,7 +58,7 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
 
     const start = Effect.fn("DarwinVmm.start")(function* (spec: VmSpec) {
       const wanted = options.vfkit ?? "vfkit"
-      const vfkit = findExecutable(wanted)
+      const vfkit = findExecutable(wanted, ["/opt/homebrew/bin", "/usr/local/bin"])
       if (vfkit === undefined) {
         return yield* new VmmUnavailable({
           backend: "vz",
