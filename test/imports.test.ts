@@ -4,7 +4,7 @@ import * as path from "node:path"
 import ts from "typescript"
 
 /**
- * The import direction of src/ (docs/architecture.md "Source layout"). Each file belongs to an
+ * The import direction of src/ (docs/source-layout.md). Each file belongs to an
  * area (its folder under src/); an area may import only the areas listed for it. So nothing runs
  * back up: the domain imports nothing of ours, services (contracts) never reach an
  * implementation, lib never reaches a service, and the guest (bundled into the image) only the
