@@ -8,7 +8,7 @@ import * as Effect from "effect/Effect"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { performance } from "node:perf_hooks"
-import { type BrokerLogEntry, openBrokerLog } from "../src/lib/broker/log.js"
+import { type BrokerLogEntry, openBrokerLog } from "../src/broker/log.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
 
 const LINES = 1000

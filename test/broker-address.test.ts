@@ -7,9 +7,9 @@ import {
   formatIp,
   looksLikeIpLiteral,
   parseIpLiteral
-} from "../src/lib/broker/address.js"
-import { matchesHostPattern, normalizeHost } from "../src/lib/broker/host.js"
-import { type BrokerPolicy, checkResolved, decide } from "../src/lib/broker/policy.js"
+} from "../src/broker/address.js"
+import { matchesHostPattern, normalizeHost } from "../src/broker/host.js"
+import { type BrokerPolicy, checkResolved, decide } from "../src/broker/policy.js"
 
 const policy: BrokerPolicy = {
   format: 1,

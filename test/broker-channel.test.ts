@@ -1,7 +1,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
 import * as Stream from "effect/Stream"
-import { channelDuplex } from "../src/lib/broker/channel.js"
+import { channelDuplex } from "../src/broker/channel.js"
 import { GuestDisconnected } from "../src/services/GuestRpc.js"
 
 /** a channel whose writes complete on a later macrotask (like a real transport), recording everything */

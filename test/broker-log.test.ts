@@ -19,7 +19,7 @@ import {
   readBrokerLog,
   rotatedLogPath,
   streamBrokerLog
-} from "../src/lib/broker/log.js"
+} from "../src/broker/log.js"
 import { hasControl } from "../src/lib/text.js"
 
 const entry = (channel: number, over: Partial<BrokerLogEntry> = {}): BrokerLogEntry => ({

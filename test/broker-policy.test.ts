@@ -11,7 +11,7 @@ import {
   parseResolveTarget,
   presetRules,
   withRules
-} from "../src/lib/broker/policy.js"
+} from "../src/broker/policy.js"
 
 describe("broker policy presets", () => {
   it.effect("anthropic, openai and github expand to their allow and credential rules", () =>

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { peekClientHello, readClientHello } from "../src/lib/broker/clientHello.js"
+import { peekClientHello, readClientHello } from "../src/broker/clientHello.js"
 import { clientHelloBytes, duplexPair } from "./support/brokerHarness.js"
 
 /** the ClientHello re-framed as one handshake record per `size` bytes of handshake data */

@@ -20,7 +20,11 @@ export type ImageIdentity = typeof ImageIdentity.Type
 /** how a session's VM last closed (`session.json` `lastClose`) */
 export const CloseOutcome = Schema.Struct({
   at: Schema.String,
-  /** graceful: the guest powered off after shutdown; signalled: the helper signal ended it; killed: SIGKILL */
+  /**
+   * graceful: it ended by itself with a clean status (the guest powered off after shutdown);
+   * crashed: it ended by itself otherwise; signalled: the helper signal ended it; killed: SIGKILL
+   * (the rule: src/lib/closeSequence.ts, docs/lifecycle.md)
+   */
   how: Schema.Literal("graceful", "signalled", "killed", "crashed"),
   exitCode: Schema.NullOr(Schema.Number),
   signal: Schema.NullOr(Schema.String),

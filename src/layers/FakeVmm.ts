@@ -10,9 +10,9 @@
  *      (what images ship; `npm test` builds it first);
  *   3. otherwise the source through tsx.
  *
- * The scoped finalizer is the VMM half of Close with `spec.bounds`: wait for the agent to exit by
- * itself (it does after the shutdown RPC) → SIGTERM → wait → SIGKILL → reap; the CloseOutcome is
- * recorded in `handle.outcome`. Raw node:child_process is used because the finalizer needs the
+ * The scoped finalizer is the VMM half of Close (src/lib/closeSequence.ts) with `spec.bounds`:
+ * wait for the agent to exit by itself (it does after the shutdown RPC) → SIGTERM → wait →
+ * SIGKILL → reap; the CloseOutcome is recorded in `handle.outcome`. Raw node:child_process is used because the finalizer needs the
  * pid, specific signals and an inherited fd (the session lock), and the console log takes the
  * agent's stdout/stderr directly as an fd.
  */
@@ -22,13 +22,14 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import * as FileSystem from "@effect/platform/FileSystem"
+import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
-import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import { hostArch } from "../lib/arch.js"
+import { closeSequence } from "../lib/closeSequence.js"
 import type { CloseOutcome } from "../domain/session.js"
 import { VmmBackend, type VmmBackendShape } from "../services/VmmBackend.js"
 import { VmmError, type VmExit, type VmHandle, type VmSpec } from "../domain/vm.js"
@@ -195,18 +196,12 @@ export const make = (options: FakeVmmOptions = {}) =>
             }
           })
         }),
-        (proc) => closeSequence(proc)
+        (proc) => closeVm(proc)
       )
 
-      const closeSequence = (proc: ChildProcess) =>
+      // the VMM half of Close: src/lib/closeSequence.ts (the guest's shutdown RPC ran before it)
+      const closeVm = (proc: ChildProcess) =>
         Effect.gen(function* () {
-          const wait = (bound: Duration.DurationInput) =>
-            // finalizers run uninterruptibly: the wait itself must be interruptible for the bound to cut it
-            Deferred.await(exited).pipe(
-              Effect.interruptible,
-              Effect.timeout(Duration.decode(bound)),
-              Effect.option
-            )
           const send = (signal: NodeJS.Signals) =>
             Effect.sync(() => {
               try {
@@ -215,33 +210,23 @@ export const make = (options: FakeVmmOptions = {}) =>
                 // already gone
               }
             })
-          const before = yield* Deferred.poll(exited)
-          let how: CloseOutcome["how"]
-          let result: Option.Option<VmExit>
-          if (Option.isSome(before)) {
-            const early = yield* before.value
-            result = Option.some(early)
-            how = early.exitCode === 0 ? "graceful" : "crashed"
-          } else {
-            result = yield* wait(spec.bounds.graceful)
-            how = "graceful"
-            if (Option.isNone(result)) {
-              yield* send("SIGTERM")
-              result = yield* wait(spec.bounds.signalled)
-              how = "signalled"
-            }
-            if (Option.isNone(result)) {
-              yield* send("SIGKILL")
-              result = yield* wait(spec.bounds.killed)
-              how = "killed"
-            }
-          }
+          const { how, exit } = yield* closeSequence({
+            bounds: spec.bounds,
+            poll: Deferred.poll(exited).pipe(
+              Effect.flatMap((done) => (Option.isSome(done) ? Effect.asSome(done.value) : Effect.succeedNone))
+            ),
+            exited: Deferred.await(exited),
+            shutdown: Effect.void,
+            signal: send("SIGTERM"),
+            kill: send("SIGKILL")
+          })
           const tail = how === "graceful" ? [] : yield* consoleTail(spec.consoleLog)
+          const at = yield* Clock.currentTimeMillis
           const closed: CloseOutcome = {
-            at: new Date().toISOString(),
+            at: new Date(at).toISOString(),
             how,
-            exitCode: Option.isSome(result) ? result.value.exitCode : null,
-            signal: Option.isSome(result) ? result.value.signal : null,
+            exitCode: Option.isSome(exit) ? exit.value.exitCode : null,
+            signal: Option.isSome(exit) ? exit.value.signal : null,
             ...(tail.length > 0 ? { consoleTail: tail } : {})
           }
           yield* Effect.logDebug(`fake guest ${proc.pid} closed: ${how}`)

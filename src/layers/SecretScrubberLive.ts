@@ -1,3 +1,4 @@
+import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
@@ -305,7 +306,8 @@ export const makeSecretScrubberLive = (options: SecretScrubberOptions = {}) =>
       }
 
       const scrub = Effect.fn("SecretScrubber.scrub")(function* (options: { readonly dryRun: boolean }) {
-        const startedMs = Date.now()
+        // compared with the files' ctimes: in production the Clock is the wall clock
+        const startedMs = yield* Clock.currentTimeMillis
         const known = readCache(cacheFile, rules)
         const scan = yield* Effect.sync(() => scanHomes(homes, known, startedMs - cacheMarginMs))
         const findings: Array<ScrubFinding> = []

@@ -13,7 +13,7 @@ import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type { ModelSpec } from "../protocol/GuestConfig.js"
-import { presetRules, type AllowRule, type CredentialRule, type PolicyRules } from "./broker/policy.js"
+import { presetRules, type AllowRule, type CredentialRule, type PolicyRules } from "../broker/policy.js"
 
 export const MODEL_CATALOG_FORMAT = 1
 

@@ -423,7 +423,7 @@ export const remoteTurn = (
         Stream.filterMap((event) => event)
       )
     })
-  )
+  ).pipe(Stream.withSpan("detached.turn", { attributes: { ref, mode } }))
 
 export interface ForwardOptions {
   /** told once the host port listens (with the port, useful when 0 was asked) */

@@ -1,3 +1,4 @@
+import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ExecutionStrategy from "effect/ExecutionStrategy"
@@ -37,7 +38,7 @@ import { SessionStore, StoreIoError, type SessionMeta } from "../services/Sessio
 import { VmmBackend } from "../services/VmmBackend.js"
 import { VmmError, type CloseBounds, type RepoDisks, type VmHandle } from "../domain/vm.js"
 import { hostArch } from "../lib/arch.js"
-import { withRules } from "../lib/broker/policy.js"
+import { withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,
@@ -387,7 +388,7 @@ const sessionFrom = (
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
         ).pipe(Effect.as(connection.turn(text, mode)))
-      ),
+      ).pipe(Stream.withSpan("Session.turn", { attributes: { session: meta.id, mode: mode ?? "shell" } })),
     ttyTurn: (text, request) =>
       // a guest without tty turns refuses before a turn number is taken
       connection.hello.features?.includes(FEATURE_TTY) !== true
@@ -397,7 +398,7 @@ const sessionFrom = (
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
         ).pipe(Effect.as(connection.ttyTurn(text, request)))
-      ),
+      ).pipe(Stream.withSpan("Session.ttyTurn", { attributes: { session: meta.id } })),
     modelSpec: booted.modelSpec,
     skipped
   }
@@ -548,6 +549,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         recorded.image !== undefined ? `${recorded.image.name}@${recorded.image.digest}` : undefined
       )
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
+      const now = yield* Clock.currentTimeMillis
       const meta = yield* store.update(id, (current) => ({
         ...current,
         model: options.model ?? current.model,
@@ -563,7 +565,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         policy,
         guest: compat.guest,
         vmm: compat.vmm,
-        ...(compat.backfilled ? { backfilled: new Date().toISOString() } : {})
+        ...(compat.backfilled ? { backfilled: new Date(now).toISOString() } : {})
       }))
       const booted = yield* boot(
         meta,

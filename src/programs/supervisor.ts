@@ -149,103 +149,102 @@ const serve = Effect.fn("supervisor.serve")(function* (
   })
 
   /** one turn, start to end, as a fiber of the supervisor (not of the client that asked) */
-  const runTurn = (
+  const runTurn = Effect.fn("supervisor.turn")(function* (
     starter: number,
     request: TurnRequest,
     delivery: Delivery,
     cancel: Deferred.Deferred<void>,
     /** a tty turn's typed bytes, resizes and signals (only an exec connection has them) */
     controls?: Stream.Stream<TtyControl>
-  ) =>
-    Effect.gen(function* () {
-      const emit = (reply: ControlReply) =>
-        Effect.zipRight(
-          broadcast(reply),
-          Effect.suspend(() =>
-            delivery.current === undefined
-              ? Effect.void
-              : delivery.current(reply).pipe(
-                  // the client went away: the turn goes on without it
-                  Effect.catchAll(() => Effect.sync(() => (delivery.current = undefined)))
-                )
+  ) {
+    const emit = (reply: ControlReply) =>
+      Effect.zipRight(
+        broadcast(reply),
+        Effect.suspend(() =>
+          delivery.current === undefined
+            ? Effect.void
+            : delivery.current(reply).pipe(
+                // the client went away: the turn goes on without it
+                Effect.catchAll(() => Effect.sync(() => (delivery.current = undefined)))
+              )
+        )
+      )
+    const text = turnText(request)
+    if (typeof text !== "string") {
+      const error = new ControlError({ reason: "bad request", message: text.invalid })
+      yield* emit({ type: "error", error: errorFields(error) })
+      return undefined
+    }
+    const tty = request.tty
+    if (tty !== undefined && controls === undefined) {
+      const error = new ControlError({
+        reason: "bad request",
+        message: "a terminal turn is run by `abox exec -t` (its own connection), not from attach"
+      })
+      yield* emit({ type: "error", error: errorFields(error) })
+      return undefined
+    }
+    return yield* permit.withPermits(1)(
+      Effect.gen(function* () {
+        const turn = nextTurn++
+        running = { turn, starter, cancel, replay: [] }
+        yield* busy(1)
+        yield* Effect.addFinalizer(() =>
+          Effect.zipRight(
+            Effect.sync(() => (running = undefined)),
+            busy(-1)
           )
         )
-      const text = turnText(request)
-      if (typeof text !== "string") {
-        const error = new ControlError({ reason: "bad request", message: text.invalid })
-        yield* emit({ type: "error", error: errorFields(error) })
-        return undefined
-      }
-      const tty = request.tty
-      if (tty !== undefined && controls === undefined) {
-        const error = new ControlError({
-          reason: "bad request",
-          message: "a terminal turn is run by `abox exec -t` (its own connection), not from attach"
-        })
-        yield* emit({ type: "error", error: errorFields(error) })
-        return undefined
-      }
-      return yield* permit.withPermits(1)(
-        Effect.gen(function* () {
-          const turn = nextTurn++
-          running = { turn, starter, cancel, replay: [] }
-          yield* busy(1)
-          yield* Effect.addFinalizer(() =>
+        yield* emit({ type: "turn_started", turn, text: request.text })
+        let timedOut = false
+        const stopper =
+          request.timeoutMs === undefined
+            ? Deferred.await(cancel)
+            : Effect.race(
+                Deferred.await(cancel),
+                Effect.sleep(Duration.millis(request.timeoutMs)).pipe(Effect.tap(() => (timedOut = true)))
+              )
+        const events =
+          tty === undefined || controls === undefined
+            ? session.turn(text, request.mode)
+            : session.ttyTurn(text, { ...tty, controls })
+        const last = yield* events.pipe(
+          Stream.interruptWhen(stopper),
+          Stream.runFoldEffect(undefined as TurnEnded | undefined, (end, event) =>
+            event._tag === "End"
+              ? Effect.succeed<TurnEnded>({
+                  type: "turn_end",
+                  turn,
+                  exitCode: event.exitCode,
+                  signal: event.signal,
+                  cancelled: event.cancelled,
+                  timedOut: false
+                })
+              : Effect.as(emit({ type: "event", turn, event: event.event }), end)
+          ),
+          Effect.catchAll((error) =>
             Effect.zipRight(
-              Effect.sync(() => (running = undefined)),
-              busy(-1)
-            )
+              emit({ type: "error", error: errorFields(error) }),
+              // the VM is gone: nothing more can run; close (Close records how it ended)
+              error._tag === "GuestDisconnected" ? Deferred.succeed(stopped, "guest-gone") : Effect.void
+            ).pipe(Effect.as("failed" as const))
           )
-          yield* emit({ type: "turn_started", turn, text: request.text })
-          let timedOut = false
-          const stopper =
-            request.timeoutMs === undefined
-              ? Deferred.await(cancel)
-              : Effect.race(
-                  Deferred.await(cancel),
-                  Effect.sleep(Duration.millis(request.timeoutMs)).pipe(Effect.tap(() => (timedOut = true)))
-                )
-          const events =
-            tty === undefined || controls === undefined
-              ? session.turn(text, request.mode)
-              : session.ttyTurn(text, { ...tty, controls })
-          const last = yield* events.pipe(
-            Stream.interruptWhen(stopper),
-            Stream.runFoldEffect(undefined as TurnEnded | undefined, (end, event) =>
-              event._tag === "End"
-                ? Effect.succeed<TurnEnded>({
-                    type: "turn_end",
-                    turn,
-                    exitCode: event.exitCode,
-                    signal: event.signal,
-                    cancelled: event.cancelled,
-                    timedOut: false
-                  })
-                : Effect.as(emit({ type: "event", turn, event: event.event }), end)
-            ),
-            Effect.catchAll((error) =>
-              Effect.zipRight(
-                emit({ type: "error", error: errorFields(error) }),
-                // the VM is gone: nothing more can run; close (Close records how it ended)
-                error._tag === "GuestDisconnected" ? Deferred.succeed(stopped, "guest-gone") : Effect.void
-              ).pipe(Effect.as("failed" as const))
-            )
-          )
-          if (last === "failed") return undefined
-          // interrupted before its end (cancel or timeout): the guest was told to cancel
-          const ended: TurnEnded = last ?? {
-            type: "turn_end",
-            turn,
-            exitCode: null,
-            signal: null,
-            cancelled: true,
-            timedOut
-          }
-          yield* emit(ended)
-          return ended
-        }).pipe(Effect.scoped)
-      )
-    })
+        )
+        if (last === "failed") return undefined
+        // interrupted before its end (cancel or timeout): the guest was told to cancel
+        const ended: TurnEnded = last ?? {
+          type: "turn_end",
+          turn,
+          exitCode: null,
+          signal: null,
+          cancelled: true,
+          timedOut
+        }
+        yield* emit(ended)
+        return ended
+      }).pipe(Effect.scoped)
+    )
+  })
 
   /** a `turn` connection (exec): the turn's replies to this client; `cancel` lines cancel it */
   const exec = (client: number, request: TurnRequest, lines: LineSocket, send: Send) =>

@@ -3,10 +3,10 @@ import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import type * as Stream from "effect/Stream"
-import type { BrokerPolicy } from "../lib/broker/policy.js"
+import type { BrokerPolicy } from "../broker/policy.js"
 import type { TunnelRequest } from "./GuestRpc.js"
 
-export type { BrokerPolicy } from "../lib/broker/policy.js"
+export type { BrokerPolicy } from "../broker/policy.js"
 
 /** The policy file is missing, unreadable or does not decode (its path and the reason). */
 export class BrokerPolicyError extends Schema.TaggedError<BrokerPolicyError>()("BrokerPolicyError", {
@@ -17,6 +17,12 @@ export class BrokerPolicyError extends Schema.TaggedError<BrokerPolicyError>()("
 
 /** The broker could not start for a session (CA generation, broker.log). */
 export class BrokerError extends Schema.TaggedError<BrokerError>()("BrokerError", {
+  reason: Schema.String,
+  message: Schema.String
+}) {}
+
+/** One tunnel could not be served (the broker's fault, not the guest's): logged, ends that tunnel only. */
+export class TunnelFailed extends Schema.TaggedError<TunnelFailed>()("TunnelFailed", {
   reason: Schema.String,
   message: Schema.String
 }) {}

@@ -1,7 +1,7 @@
 import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
-import { BrokerPolicy } from "../lib/broker/policy.js"
+import { BrokerPolicy } from "../broker/policy.js"
 import { CloseOutcome, GuestArch, ImageIdentity, VmmBackendName } from "../domain/session.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type { SessionLocation } from "../domain/sessionLayout.js"

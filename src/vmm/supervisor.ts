@@ -4,13 +4,14 @@
  * and the session's locked fd (fd 4), read its events (src/vmm/protocol.ts), and give back the
  * VmHandle once the VMM has started. Scoped: the finalizer is the VMM half of Close.
  *
- * Close (the GuestRpc shutdown ran before it): bounded wait for the VM to exit → the helper
- * fallback signal (SIGTERM on Linux, SIGINT on macOS) → bounded wait → SIGKILL to the helper and
- * the VMM → bounded wait until the VMM is really gone → the outcome (graceful, signalled, killed
- * or crashed, with the console tail unless graceful) → the backend's cleanup.
+ * Close (the GuestRpc shutdown ran before it) is src/lib/closeSequence.ts: bounded wait for the
+ * VM to exit → the helper fallback signal (SIGTERM on Linux, SIGINT on macOS) → bounded wait →
+ * SIGKILL to the helper and the VMM → bounded wait until the VMM is really gone; then the outcome
+ * (graceful, signalled, killed or crashed, with the console tail unless graceful) → the
+ * backend's cleanup.
  */
+import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
-import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
@@ -23,6 +24,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
 import { fileURLToPath } from "node:url"
+import { closeSequence } from "../lib/closeSequence.js"
 import type { CloseOutcome, VmmBackendName } from "../domain/session.js"
 import { type VmExit, type VmHandle, VmmError, type VmSpec } from "../domain/vm.js"
 import { minimalEnv } from "./argv.js"
@@ -93,51 +95,62 @@ export const superviseHelper = Effect.fn("VmmSupervisor.start")(function* (optio
   const helperExit = yield* Deferred.make<{ code: number | null; signal: string | null }>()
   const stderrTail: Array<string> = []
 
-  const closeSequence = (child: ChildProcess) =>
-    Effect.gen(function* () {
-      const waitExit = (bound: Duration.DurationInput) =>
-        Deferred.await(exited).pipe(
-          Effect.zipRight(Deferred.await(helperExit)),
-          // finalizers run uninterruptibly, and a timeout cannot cut short an uninterruptible
-          // wait: without this, the bound would wait for the exit it is meant to bound
-          Effect.interruptible,
-          Effect.timeout(bound),
-          Effect.option,
-          Effect.map((o) => Option.isSome(o))
+  /** the VMM's pid, once the helper said it started */
+  const startedPid = Deferred.poll(started).pipe(
+    Effect.flatMap((o) => (Option.isSome(o) ? Effect.option(o.value) : Effect.succeedNone))
+  )
+  /**
+   * The VM's end as Close sees it: its exit event, the helper's own exit, and the VMM's pid
+   * gone from /proc. The VMM is the helper's child, not ours: after a SIGKILL of both, its
+   * death is asynchronous and it holds the session's lock fd until then, so watch /proc until
+   * it has released everything (gone, or a zombie). The close sequence bounds this wait.
+   */
+  const vmEnded = Deferred.await(exited).pipe(
+    Effect.zipLeft(Deferred.await(helperExit)),
+    Effect.zipLeft(
+      startedPid.pipe(
+        Effect.flatMap(
+          Option.match({
+            onNone: () => Effect.void,
+            onSome: (pid) =>
+              Effect.sync(() => processGone(pid)).pipe(
+                Effect.repeat({ until: (gone) => gone, schedule: Schedule.spaced("10 millis") })
+              )
+          })
         )
-      const alreadyDone = yield* Deferred.isDone(exited)
-      let how: CloseOutcome["how"] = alreadyDone ? "crashed" : "graceful"
-      if (!(yield* waitExit(vm.bounds.graceful))) {
-        how = "signalled"
-        yield* Effect.sync(() => child.kill(options.fallbackSignal))
-        if (!(yield* waitExit(vm.bounds.signalled))) {
-          how = "killed"
-          const vmmPid = yield* Deferred.poll(started).pipe(
-            Effect.flatMap((o) => (Option.isSome(o) ? Effect.option(o.value) : Effect.succeedNone))
-          )
+      )
+    )
+  )
+
+  // the VMM half of Close: src/lib/closeSequence.ts (the guest's shutdown RPC ran before it)
+  const closeVm = (child: ChildProcess) =>
+    Effect.gen(function* () {
+      const { how } = yield* closeSequence({
+        bounds: vm.bounds,
+        poll: Effect.gen(function* () {
+          const helperGone = yield* Deferred.isDone(helperExit)
+          const exit = yield* Deferred.poll(exited)
+          if (!helperGone || Option.isNone(exit)) return Option.none()
+          const pid = yield* startedPid
+          if (Option.isSome(pid) && !processGone(pid.value)) return Option.none()
+          return Option.some(yield* exit.value)
+        }),
+        exited: vmEnded,
+        shutdown: Effect.void,
+        signal: Effect.sync(() => child.kill(options.fallbackSignal)),
+        kill: Effect.gen(function* () {
           yield* Effect.sync(() => child.kill("SIGKILL"))
-          if (Option.isSome(vmmPid)) yield* sendSignal(vmmPid.value, "SIGKILL")
-          yield* waitExit(vm.bounds.killed)
-          // The VMM is the helper's child, not ours: no exit event reaches us. Its death after
-          // SIGKILL is asynchronous, and it holds the session's lock fd until then, so watch
-          // /proc (bounded) until it has released everything: gone, or a zombie.
-          if (Option.isSome(vmmPid)) {
-            yield* Effect.sync(() => processGone(vmmPid.value)).pipe(
-              Effect.repeat({ until: (gone) => gone, schedule: Schedule.spaced("10 millis") }),
-              Effect.interruptible,
-              Effect.timeout(vm.bounds.killed),
-              Effect.ignore
-            )
-          }
-          // a SIGKILLed helper says nothing: its exit is the VM's end (the VMM was killed too)
-          yield* Deferred.succeed(exited, { exitCode: null, signal: "SIGKILL" })
-        }
-      }
+          const pid = yield* startedPid
+          if (Option.isSome(pid)) yield* sendSignal(pid.value, "SIGKILL")
+        })
+      })
+      // a SIGKILLed helper says nothing: its exit is the VM's end (the VMM was killed too)
+      if (how === "killed") yield* Deferred.succeed(exited, { exitCode: null, signal: "SIGKILL" })
       const exit = yield* Deferred.await(exited)
-      if (how === "crashed" && exit.exitCode === 0 && exit.signal === null) how = "graceful"
       const tail = how === "graceful" ? [] : consoleTail(vm.consoleLog, 20)
+      const at = yield* Clock.currentTimeMillis
       yield* Deferred.succeed(outcomeRef, {
-        at: new Date().toISOString(),
+        at: new Date(at).toISOString(),
         how,
         exitCode: exit.exitCode,
         signal: exit.signal,
@@ -158,7 +171,7 @@ export const superviseHelper = Effect.fn("VmmSupervisor.start")(function* (optio
         }),
       catch: (cause) => vmmError("helper", `cannot start abox-vmm: ${String(cause)}`)
     }),
-    (child) => closeSequence(child)
+    (child) => closeVm(child)
   )
   helper.on("error", (error) =>
     Deferred.unsafeDone(started, Effect.fail(vmmError("helper", `abox-vmm: ${error.message}`)))

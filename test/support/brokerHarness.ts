@@ -8,7 +8,7 @@ import * as https from "node:https"
 import type * as net from "node:net"
 import { Duplex } from "node:stream"
 import type { TunnelOpenResult } from "../../src/guest/connectProxy.js"
-import { makeSessionCa } from "../../src/lib/broker/ca.js"
+import { makeSessionCa } from "../../src/broker/ca.js"
 import { GuestDisconnected, type TunnelRequest } from "../../src/services/GuestRpc.js"
 
 /** Two connected in-memory Duplex ends with backpressure; `end()` on one is EOF on the other. */

@@ -19,7 +19,7 @@ import * as https from "node:https"
 import type * as net from "node:net"
 import { performance } from "node:perf_hooks"
 import * as tls from "node:tls"
-import { makeSessionCa } from "../../src/lib/broker/ca.js"
+import { makeSessionCa } from "../../src/broker/ca.js"
 
 export interface MockToolCall {
   readonly id?: string

@@ -22,7 +22,7 @@ import * as path from "node:path"
 import * as tls from "node:tls"
 import * as zlib from "node:zlib"
 import * as tar from "tar"
-import { makeSessionCa } from "../../src/lib/broker/ca.js"
+import { makeSessionCa } from "../../src/broker/ca.js"
 
 export interface SeenRequest {
   readonly name: string

@@ -1,5 +1,6 @@
 import * as FileSystem from "@effect/platform/FileSystem"
-import type * as Cause from "effect/Cause"
+import * as Cause from "effect/Cause"
+import * as Clock from "effect/Clock"
 import * as Config from "effect/Config"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -8,7 +9,6 @@ import * as FiberSet from "effect/FiberSet"
 import * as Layer from "effect/Layer"
 import * as Redacted from "effect/Redacted"
 import * as Ref from "effect/Ref"
-import * as Runtime from "effect/Runtime"
 import * as Stream from "effect/Stream"
 import * as dns from "node:dns"
 import * as net from "node:net"
@@ -17,15 +17,15 @@ import * as path from "node:path"
 import { describeParseError } from "../lib/parseErrors.js"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
-import { makeSessionCa } from "../lib/broker/ca.js"
-import { channelDuplex } from "../lib/broker/channel.js"
-import { readClientHello } from "../lib/broker/clientHello.js"
+import { makeSessionCa } from "./ca.js"
+import { channelDuplex, type TunnelChannel } from "./channel.js"
+import { readClientHello } from "./clientHello.js"
 import {
   BROKER_LOG_FILE,
   type BrokerLogEntry,
   type BrokerLogOptions,
   openBrokerLog
-} from "../lib/broker/log.js"
+} from "./log.js"
 import {
   type BrokerPolicy,
   checkResolved,
@@ -33,13 +33,14 @@ import {
   type CredentialRule,
   decide,
   decodePolicyJson
-} from "../lib/broker/policy.js"
-import { terminateTunnel } from "../lib/broker/terminate.js"
+} from "./policy.js"
+import { type RequestRecord, terminateTunnel } from "./terminate.js"
 import type { TunnelRequest } from "../services/GuestRpc.js"
 import {
   BrokerError,
   BrokerPolicyError,
   type BrokerSession,
+  TunnelFailed,
   type BrokerSessionInfo,
   HttpsBroker,
   type HttpsBrokerShape
@@ -103,6 +104,45 @@ const expandHome = (file: string) =>
   file === "~" || file.startsWith("~/") ? path.join(os.homedir(), file.slice(1)) : file
 
 const MAX_SECRET_FILE = 64 * 1024
+
+/** one tunnel's bookkeeping for its "close" line */
+interface TunnelState {
+  closeReason: string | undefined
+  /** requests on this tunnel that carried the credential upstream */
+  injected: number
+  counted: { readonly bytesUp: () => number; readonly bytesDown: () => number } | undefined
+}
+
+/** where an accepted tunnel goes: the upstream already connected (passthrough), or termination */
+interface TunnelRoute {
+  readonly state: TunnelState
+  readonly host: string
+  readonly port: number
+  readonly upstream: Duplex | undefined
+  readonly terminate:
+    | {
+        readonly rule: CredentialRule
+        readonly dial: () => Promise<Duplex>
+        readonly onRequest: (record: RequestRecord) => void
+        readonly onDeny: (reason: string) => void
+      }
+    | undefined
+  readonly logDenied: (reason: string) => Effect.Effect<void>
+}
+
+/** the close line's reason: the tunnel's own, the session closing, or the broker failing */
+const closeReason = (state: TunnelState, exit: Exit.Exit<unknown, unknown>): { reason?: string } => {
+  if (state.closeReason !== undefined) return { reason: state.closeReason }
+  if (Exit.isSuccess(exit)) return {}
+  if (Cause.isInterruptedOnly(exit.cause)) return { reason: "session-closed" }
+  const failure = Cause.failureOption(exit.cause)
+  return {
+    reason:
+      failure._tag === "Some" && failure.value instanceof TunnelFailed
+        ? `broker-failed:${failure.value.reason}`
+        : "broker-failed"
+  }
+}
 
 export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
   Effect.gen(function* () {
@@ -197,22 +237,21 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
       const turn = yield* Ref.make<number | undefined>(undefined)
       const active = yield* Ref.make(0)
       const fibers = yield* FiberSet.make()
-      const runtime = yield* Effect.runtime<never>()
+      const clock = yield* Effect.clock
+      const isoNow = () => new Date(clock.unsafeCurrentTimeMillis()).toISOString()
 
       const writeLog = brokerLog.write
       const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) =>
         Ref.get(turn).pipe(
-          Effect.flatMap((t) =>
-            writeLog({ time: new Date().toISOString(), ...(t === undefined ? {} : { turn: t }), ...entry })
-          )
+          Effect.flatMap((t) => writeLog({ time: isoNow(), ...(t === undefined ? {} : { turn: t }), ...entry }))
         )
 
       const serveTunnel = Effect.fn("HttpsBroker.serveTunnel")(function* (request: TunnelRequest) {
-        const started = Date.now()
+        const started = yield* Clock.currentTimeMillis
         // every line of a tunnel carries the turn it was opened in
         const openedIn = yield* Ref.get(turn)
         const stamp = (entry: Omit<BrokerLogEntry, "time" | "turn">): BrokerLogEntry => ({
-          time: new Date().toISOString(),
+          time: isoNow(),
           ...(openedIn === undefined ? {} : { turn: openedIn }),
           ...entry
         })
@@ -263,15 +302,14 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           upstream = connected.right
         }
 
-        let closeReason: string | undefined
-        /** requests on this tunnel that carried the credential upstream */
-        const injected = { count: 0 }
-        const counted: { current?: { readonly bytesUp: () => number; readonly bytesDown: () => number } } = {}
-        // accept and its "open" line, then (however the tunnel ends: either side, or the session
-        // closing) the channel closed exactly once and the "close" line with the totals
+        const state: TunnelState = { closeReason: undefined, injected: 0, counted: undefined }
+        // accept and its "open" line, then (however the tunnel ends: either side, the session
+        // closing, or the broker failing) the channel closed exactly once and the "close" line
+        // with the totals
         const channel = yield* Effect.acquireRelease(
           request.accept().pipe(
-            Effect.map((accepted) => {
+            // closed once, whichever comes first: the channel's writer after the last byte, or this
+            Effect.map((accepted): TunnelChannel => {
               let closed = false
               return {
                 ...accepted,
@@ -283,23 +321,10 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
               }
             }),
             Effect.tap(() =>
-              log({
-                ...base,
-                event: "open",
-                decision: "allow",
-                address,
-                mode,
-                credential: false
-              })
+              log({ ...base, event: "open", decision: "allow", address, mode, credential: false })
             ),
             Effect.tapError(() =>
-              log({
-                ...base,
-                event: "open",
-                decision: "deny",
-                reason: "guest-disconnected",
-                credential: false
-              })
+              log({ ...base, event: "open", decision: "deny", reason: "guest-disconnected", credential: false })
             ),
             Effect.either
           ),
@@ -308,49 +333,84 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
               ? Effect.void
               : Effect.zipRight(
                   accepted.right.close,
-                  log({
-                    ...base,
-                    event: "close",
-                    decision: "allow",
-                    ...(closeReason !== undefined
-                      ? { reason: closeReason }
-                      : Exit.isInterrupted(exit)
-                        ? { reason: "session-closed" }
-                        : {}),
-                    address,
-                    mode,
-                    credential: injected.count > 0,
-                    bytesUp: counted.current?.bytesUp() ?? 0,
-                    bytesDown: counted.current?.bytesDown() ?? 0,
-                    durationMs: Date.now() - started
-                  })
+                  Effect.flatMap(Clock.currentTimeMillis, (now) =>
+                    log({
+                      ...base,
+                      event: "close",
+                      decision: "allow",
+                      ...closeReason(state, exit),
+                      address,
+                      mode,
+                      credential: state.injected > 0,
+                      bytesUp: state.counted?.bytesUp() ?? 0,
+                      bytesDown: state.counted?.bytesDown() ?? 0,
+                      durationMs: now - started
+                    })
+                  )
                 )
         )
         if (channel._tag === "Left") return
-        const guest = yield* channelDuplex(channel.right)
-        counted.current = guest
+        yield* serveChannel(channel.right, {
+          state,
+          host: decision.host,
+          port: request.port,
+          upstream,
+          terminate:
+            decision.credential === undefined
+              ? undefined
+              : {
+                  rule: decision.credential,
+                  dial,
+                  onRequest: (record) => {
+                    if (record.credential) state.injected++
+                    enqueue({
+                      ...base,
+                      event: "request",
+                      decision: record.decision,
+                      ...(record.reason === undefined ? {} : { reason: record.reason }),
+                      credential: record.credential,
+                      method: record.method,
+                      ...(record.status === undefined ? {} : { status: record.status }),
+                      ...(record.droppedHeaders === undefined ? {} : { droppedHeaders: record.droppedHeaders })
+                    })
+                  },
+                  onDeny: (reason) => {
+                    state.closeReason = reason
+                    enqueue({ ...base, event: "request", decision: "deny", reason, credential: false })
+                  }
+                },
+          logDenied: (reason) => log({ ...base, event: "request", decision: "deny", reason, credential: false })
+        })
+      })
 
-        if (upstream !== undefined) {
-          const up = upstream
+      /**
+       * The seam between the broker and the host protocol: one accepted tunnel served from its
+       * channel (guest bytes in as a Stream, bytes out as a write) for as long as the Scope it
+       * runs in, which is the tunnel's lifetime. Whatever supplies a (readable, writable, scope)
+       * triple plugs in here as a `TunnelChannel`. Passthrough: the ClientHello checked, then
+       * bytes copied both ways; terminate: TLS ended here and each request re-made upstream.
+       */
+      const serveChannel = Effect.fn("HttpsBroker.serveChannel")(function* (
+        channel: TunnelChannel,
+        route: TunnelRoute
+      ) {
+        const guest = yield* channelDuplex(channel)
+        route.state.counted = guest
+        if (route.terminate === undefined) {
+          const up = route.upstream!
           // nothing goes upstream before the ClientHello names the tunnel's host (no fronting)
-          const hello = yield* Effect.promise(() =>
-            readClientHello(guest.duplex, decision.host, { timeoutMs: headTimeoutMs })
-          )
+          const hello = yield* Effect.tryPromise({
+            try: () => readClientHello(guest.duplex, route.host, { timeoutMs: headTimeoutMs }),
+            catch: (cause) => new TunnelFailed({ reason: "client-hello", message: String(cause) })
+          })
           if (!hello.ok) {
-            closeReason = hello.reason
-            if (hello.reason !== "closed-before-hello")
-              yield* log({
-                ...base,
-                event: "request",
-                decision: "deny",
-                reason: hello.reason,
-                credential: false
-              })
+            route.state.closeReason = hello.reason
+            if (hello.reason !== "closed-before-hello") yield* route.logDenied(hello.reason)
             return
           }
           up.write(hello.head)
           ;(up as Partial<net.Socket>).setTimeout?.(idleTimeoutMs, () => {
-            closeReason = "idle-timeout"
+            route.state.closeReason = "idle-timeout"
             up.destroy()
           })
           guest.duplex.on("error", () => up.destroy())
@@ -359,59 +419,34 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           guest.duplex.on("close", () => up.destroy())
           guest.duplex.pipe(up)
           up.pipe(guest.duplex)
-          yield* guest.closed
-        } else {
-          const rule = decision.credential!
-          yield* Effect.promise(() =>
-            terminateTunnel(guest.duplex, {
-              host: decision.host,
-              port: request.port,
-              secureContext: contextFor(decision.host),
-              credential: {
-                header: rule.header,
-                value: () =>
-                  new Promise((resolve) =>
-                    Runtime.runCallback(runtime)(readCredential(rule), {
-                      onExit: (exit) => resolve(Exit.isSuccess(exit) ? exit.value : undefined)
-                    })
-                  )
-              },
-              dial: () => dial(),
-              dialTimeoutMs: Duration.toMillis(dialTimeout),
-              upstreamCa,
-              maxHeaderBytes,
-              headTimeoutMs,
-              idleTimeoutMs,
-              onRequest: (record) => {
-                if (record.credential) injected.count++
-                enqueue({
-                  ...base,
-                  event: "request",
-                  decision: record.decision,
-                  ...(record.reason === undefined ? {} : { reason: record.reason }),
-                  credential: record.credential,
-                  method: record.method,
-                  ...(record.status === undefined ? {} : { status: record.status }),
-                  ...(record.droppedHeaders === undefined ? {} : { droppedHeaders: record.droppedHeaders })
-                })
-              },
-              onDeny: (reason) => {
-                closeReason = reason
-                enqueue({ ...base, event: "request", decision: "deny", reason, credential: false })
-              }
-            })
-          )
+          return yield* guest.closed
         }
+        const { rule, dial, onRequest, onDeny } = route.terminate
+        yield* terminateTunnel(guest.duplex, {
+          host: route.host,
+          port: route.port,
+          secureContext: contextFor(route.host),
+          credential: { header: rule.header, value: readCredential(rule) },
+          dial,
+          dialTimeoutMs: Duration.toMillis(dialTimeout),
+          upstreamCa,
+          maxHeaderBytes,
+          headTimeoutMs,
+          idleTimeoutMs,
+          onRequest,
+          onDeny
+        }).pipe(Effect.mapError((error) => new TunnelFailed({ reason: "terminate", message: error.message })))
       })
 
       /** takes one of the maxTunnels slots (every tunnel being decided or served holds one) */
       const admit = Ref.modify(active, (n): [boolean, number] => (n >= maxTunnels ? [false, n] : [true, n + 1]))
-      const tunnelFailed = (cause: Cause.Cause<unknown>) => Effect.logWarning("broker tunnel failed", cause)
+      // a tunnel's failure ends that tunnel only: its close line names it, and it is logged whole
+      const tunnelFailed = (cause: Cause.Cause<unknown>) => Effect.logError("broker tunnel failed", cause)
       const serveAdmitted = (request: TunnelRequest): Effect.Effect<void> =>
         serveTunnel(request).pipe(
           Effect.scoped,
-          Effect.ensuring(Ref.update(active, (n) => n - 1)),
-          Effect.catchAllCause(tunnelFailed)
+          Effect.catchAllCause((cause) => (Cause.isInterruptedOnly(cause) ? Effect.void : tunnelFailed(cause))),
+          Effect.ensuring(Ref.update(active, (n) => n - 1))
         )
       const refuseBusy = (request: TunnelRequest): Effect.Effect<void> =>
         Effect.zipRight(
@@ -427,20 +462,23 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           })
         ).pipe(Effect.catchAllCause(tunnelFailed))
 
-      const handle = (request: TunnelRequest): Effect.Effect<void> =>
-        Effect.flatMap(admit, (admitted) => (admitted ? serveAdmitted(request) : refuseBusy(request)))
+      const handle = Effect.fn("HttpsBroker.handle")(function* (request: TunnelRequest) {
+        const admitted = yield* admit
+        yield* admitted ? serveAdmitted(request) : refuseBusy(request)
+      })
 
       // at most maxTunnels fibers: a refusal is answered (and logged) before the next request is
       // taken, so a guest that floods tunnel_open is slowed to the pace of its refusals (back
       // pressure through the connection's bounded queue), never a fiber per request
-      const serve = (tunnels: Stream.Stream<TunnelRequest>) =>
-        tunnels.pipe(
+      const serve = Effect.fn("HttpsBroker.serve")(function* (tunnels: Stream.Stream<TunnelRequest>) {
+        yield* tunnels.pipe(
           Stream.runForEach((request) =>
             Effect.flatMap(admit, (admitted) =>
               admitted ? Effect.asVoid(FiberSet.run(fibers, serveAdmitted(request))) : refuseBusy(request)
             )
           )
         )
+      })
 
       return {
         caCertPem: ca.certPem,

@@ -1,14 +1,19 @@
 /**
  * TLS termination for hosts with a credential rule: the guest's TLS ends here (a leaf of the
  * session CA), each HTTP/1.1 request is forwarded over the broker's own TLS connection to the
- * real host (certificate verified), with the credential header set on the way. Plain node:
- * `node:https`/`node:tls` over the tunnel's Duplex, driven by the broker layer.
+ * real host (certificate verified), with the credential header set on the way. Node's
+ * `node:https`/`node:tls` over the tunnel's Duplex, served as a scoped Effect: the credential is
+ * read by a fiber of the tunnel's scope, and closing the scope tears the connection down.
  */
+import * as Effect from "effect/Effect"
+import * as Queue from "effect/Queue"
+import * as Schema from "effect/Schema"
+import type * as Scope from "effect/Scope"
 import * as http from "node:http"
 import * as https from "node:https"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
-import { CREDENTIAL_PLACEHOLDER } from "../../protocol/GuestConfig.js"
+import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { normalizeHost } from "./host.js"
 
 export interface RequestRecord {
@@ -28,8 +33,8 @@ export interface TerminateOptions {
   readonly port: number
   /** the leaf certificate for `host` from the session CA, as a TLS context (cached by the caller) */
   readonly secureContext: tls.SecureContext
-  /** header name and a reader for its value (called per request; undefined: not available) */
-  readonly credential: { readonly header: string; readonly value: () => Promise<string | undefined> }
+  /** header name and a reader for its value (run per request; undefined: not available) */
+  readonly credential: { readonly header: string; readonly value: Effect.Effect<string | undefined> }
   /** a TCP connection to the checked address (the broker resolved and checked it once) */
   readonly dial: () => Promise<Duplex>
   /** bound on dial + upstream TLS handshake */
@@ -106,13 +111,53 @@ const MAX_LOGGED_HEADER_NAME = 64
 const plainResponse = (status: number, text: string) =>
   `HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ""}\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(text) + 1}\r\nConnection: close\r\n\r\n${text}\n`
 
+/** The termination could not be set up for a tunnel (node refused the server or agent options). */
+export class TerminateFailed extends Schema.TaggedError<TerminateFailed>()("TerminateFailed", {
+  message: Schema.String
+}) {}
+
 /**
- * Serve one tunnel in terminate mode. Resolves when the guest side is closed; never rejects.
- * The credential value goes only into the upstream request's header; it is never logged,
- * echoed, or put in an error.
+ * Serve one tunnel in terminate mode, in the caller's scope: completes when the guest side is
+ * closed, fails (typed) only when the termination cannot be set up; interrupted (the scope
+ * closing), it destroys the guest side, the server and the upstream connections. The credential
+ * value goes only into the upstream request's header; it is never logged, echoed, or put in an
+ * error.
  */
-export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promise<void> =>
-  new Promise<void>((resolve) => {
+export const terminateTunnel = (
+  guest: Duplex,
+  options: TerminateOptions
+): Effect.Effect<void, TerminateFailed, Scope.Scope> =>
+  Effect.gen(function* () {
+    // node asks for the credential per request; a fiber of this scope reads it and answers
+    const asks = yield* Queue.unbounded<(value: string | undefined) => void>()
+    yield* Queue.take(asks).pipe(
+      Effect.flatMap((answer) => Effect.map(options.credential.value, answer)),
+      Effect.forever,
+      Effect.forkScoped
+    )
+    const credential = () => new Promise<string | undefined>((answer) => Queue.unsafeOffer(asks, answer))
+    yield* Effect.acquireRelease(
+      Effect.try({
+        try: () => startTermination(guest, options, credential),
+        catch: (cause) => new TerminateFailed({ message: cause instanceof Error ? cause.message : String(cause) })
+      }),
+      (stop) => Effect.sync(stop)
+    )
+    yield* Effect.async<void>((resume) => {
+      if (guest.destroyed || guest.closed) return resume(Effect.void)
+      const done = () => resume(Effect.void)
+      guest.once("close", done)
+      return Effect.sync(() => guest.off("close", done))
+    })
+  })
+
+/** node's side of a terminated tunnel, started at once; returns its teardown */
+const startTermination = (
+  guest: Duplex,
+  options: TerminateOptions,
+  credentialValue: () => Promise<string | undefined>
+): (() => void) => {
+  {
     const secureContext = options.secureContext
     const upstreamCa = options.upstreamCa === undefined ? undefined : [...options.upstreamCa]
     const credentialHeader = options.credential.header.toLowerCase()
@@ -237,7 +282,7 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
         return refuse(501, "transfer-encoding-not-supported")
       if (chunked && req.headers["content-length"] !== undefined) return refuse(400, "bad-framing")
 
-      options.credential.value().then(
+      credentialValue().then(
         (secret) => {
           if (secret === undefined) return refuse(502, "credential-unavailable")
           const headers = forwardHeaders(req.rawHeaders, new Set([credentialHeader]))
@@ -331,12 +376,12 @@ export const terminateTunnel = (guest: Duplex, options: TerminateOptions): Promi
       )
     })
 
-    const finish = () => {
+    server.emit("connection", guest)
+    return () => {
       stopHeadTimer()
       agent.destroy()
       server.close()
-      resolve()
+      if (!guest.destroyed) guest.destroy()
     }
-    guest.once("close", finish)
-    server.emit("connection", guest)
-  })
+  }
+}

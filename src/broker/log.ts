@@ -8,7 +8,7 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import { escapeControl } from "../text.js"
+import { escapeControl } from "../lib/text.js"
 
 /**
  * broker.log: one JSON object per line, in the session directory, mode 0600. Never a secret
