@@ -1,8 +1,12 @@
 /**
- * The broker's cost on the guest's path, host-side: a client → the guest CONNECT proxy →
- * an in-memory tunnel (standing in for a protocol v4 channel) → HttpsBroker (TLS termination
- * and credential injection: the costly mode) → an HTTPS server on 127.0.0.1; against the same
- * client talking to the same server directly. Goals: ≥ 0.8× throughput, ≤ +2 ms per request.
+ * The broker's cost on the guest's path, host-side: a client → the guest CONNECT proxy → a
+ * tunnel channel (standing in for a protocol v4 channel) → HttpsBroker (TLS termination and
+ * credential injection: the costly mode) → an HTTPS server on 127.0.0.1; against the same
+ * client talking to the same server directly. The broker runs on the main thread; the client,
+ * the proxy and the server run in a worker thread (bench/brokerPeer.ts), as they live outside
+ * the broker's process in real use (the VM, a remote host). Goals: ≥ 0.5× throughput terminated
+ * (issue 12), ≥ 0.8× passed through,
+ * ≤ +2 ms per request.
  */
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
@@ -11,18 +15,13 @@ import * as Queue from "effect/Queue"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
-import type * as http from "node:http"
-import * as https from "node:https"
 import * as net from "node:net"
 import * as path from "node:path"
-import { performance } from "node:perf_hooks"
-import type { Duplex } from "node:stream"
-import * as tls from "node:tls"
-import { startConnectProxy } from "../src/guest/connectProxy.js"
+import { Worker } from "node:worker_threads"
 import { makeHttpsBroker } from "../src/broker/HttpsBrokerLive.js"
 import { decodePolicy } from "../src/broker/policy.js"
-import type { TunnelRequest } from "../src/services/GuestRpc.js"
-import { inMemoryTunnel, startUpstream } from "../test/support/brokerHarness.js"
+import { GuestDisconnected, type TunnelRequest } from "../src/services/GuestRpc.js"
+import type { FromPeer, Job, ToPeer } from "./brokerPeer.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
 
 const NAME = "bench.local"
@@ -30,47 +29,35 @@ const DOWNLOAD_BYTES = 100 * 1024 * 1024
 const SMALL_REQUESTS = 1000
 
 interface Rig {
-  readonly direct: https.Agent
-  readonly brokered: https.Agent
-  readonly port: number
+  /** run a job in the peer (client side); its wall time and the process's CPU time, in ms */
+  readonly run: (job: Job) => Promise<{ readonly ms: number; readonly cpuMs: number }>
   readonly close: () => Promise<void>
 }
 
-/** an https.Agent whose connections are CONNECT tunnels through the proxy */
-class ProxyAgent extends https.Agent {
-  constructor(
-    private readonly proxyPort: number,
-    options: https.AgentOptions
-  ) {
-    super(options)
-  }
-  override createConnection(
-    options: tls.ConnectionOptions & { host?: string; port?: number },
-    callback: (error: Error | null, socket?: Duplex) => void
-  ) {
-    const socket = net.connect({ host: "127.0.0.1", port: this.proxyPort })
-    socket.once("connect", () =>
-      socket.write(`CONNECT ${options.host}:${options.port} HTTP/1.1\r\nHost: ${options.host}\r\n\r\n`)
-    )
-    socket.once("error", (error) => callback(error))
-    let head = Buffer.alloc(0)
-    const onData = (chunk: Buffer) => {
-      head = Buffer.concat([head, chunk])
-      const end = head.indexOf("\r\n\r\n")
-      if (end < 0) return
-      socket.off("data", onData)
-      if (!head.subarray(0, end).toString().startsWith("HTTP/1.1 200"))
-        return callback(new Error(head.toString()))
-      socket.pause()
-      callback(null, tls.connect({ ...options, socket, servername: NAME }))
-    }
-    socket.on("data", onData)
-    return undefined as unknown as Duplex
-  }
-}
-
 const makeRig = async (tmp: string, mode: "terminate" | "passthrough" = "terminate"): Promise<Rig> => {
-  const upstream = await startUpstream(NAME)
+  // the peer is TypeScript: its thread registers tsx before importing it
+  const peer = new URL("./brokerPeer.ts", import.meta.url).href
+  const worker = new Worker(
+    `import("tsx/esm/api").then((tsx) => { tsx.register(); return import(${JSON.stringify(peer)}) })`,
+    { eval: true, workerData: { mode } }
+  )
+  const send = (message: ToPeer) => worker.postMessage(message)
+  const listeners = new Set<(message: FromPeer) => void>()
+  worker.on("message", (message: FromPeer) => {
+    for (const listener of listeners) listener(message)
+  })
+  const next = <T extends FromPeer["type"]>(type: T) =>
+    new Promise<Extract<FromPeer, { type: T }>>((resolve, reject) => {
+      const listener = (message: FromPeer) => {
+        if (message.type !== type) return
+        listeners.delete(listener)
+        resolve(message as Extract<FromPeer, { type: T }>)
+      }
+      listeners.add(listener)
+      worker.once("error", reject)
+    })
+  const upstream = await next("upstream")
+
   process.env.ABOX_BENCH_KEY = "bench-secret"
   const scope = Effect.runSync(Scope.make())
   const session = await Effect.runPromise(
@@ -90,61 +77,98 @@ const makeRig = async (tmp: string, mode: "terminate" | "passthrough" = "termina
       return { session, queue }
     }).pipe(Effect.provide(NodeFileSystem.layer), Scope.extend(scope))
   )
-  let channel = 1
-  const proxy = await startConnectProxy({
-    openTunnel: (host, port) => {
-      const tunnel = inMemoryTunnel(channel++, host, port)
-      Queue.unsafeOffer(session.queue, tunnel.request)
-      return tunnel.result
+
+  // the broker's end of each tunnel channel: one loopback connection per tunnel, its first line
+  // naming the host and port; the channel reads and writes that connection
+  let tunnels = 0
+  const listener = net.createServer((socket) => {
+    socket.setNoDelay(true)
+    let head = Buffer.alloc(0)
+    const onData = (chunk: Buffer) => {
+      head = Buffer.concat([head, chunk])
+      const end = head.indexOf("\n")
+      if (end < 0) return
+      socket.off("data", onData)
+      socket.pause()
+      const [host, port] = head.subarray(0, end).toString().split(" ")
+      const rest = head.subarray(end + 1)
+      if (rest.length > 0) socket.unshift(rest)
+      const closed = () => new GuestDisconnected({ message: "tunnel channel closed" })
+      const request: TunnelRequest = {
+        channel: ++tunnels,
+        host: host!,
+        port: Number(port),
+        accept: () =>
+          Effect.sync(() => {
+            socket.write("ok\n")
+            return {
+              read: Stream.fromAsyncIterable(socket as AsyncIterable<Buffer>, closed),
+              // like the Mux: a write is done once queued, and waits only while the queue is full
+              write: (chunk: Uint8Array) =>
+                Effect.async<void, GuestDisconnected>((resume) => {
+                  if (socket.destroyed) return resume(Effect.fail(closed()))
+                  if (socket.write(chunk)) return resume(Effect.void)
+                  const drained = () => {
+                    socket.off("close", gone)
+                    resume(Effect.void)
+                  }
+                  const gone = () => {
+                    socket.off("drain", drained)
+                    resume(Effect.fail(closed()))
+                  }
+                  socket.once("drain", drained)
+                  socket.once("close", gone)
+                }),
+              close: Effect.sync(() => void socket.end())
+            }
+          }),
+        deny: (reason: string) => Effect.sync(() => void socket.end(`deny ${reason}\n`))
+      }
+      Queue.unsafeOffer(session.queue, request)
     }
+    socket.on("data", onData)
+    socket.on("error", () => socket.destroy())
   })
-  const agentOptions = { keepAlive: true, maxSockets: 1 }
+  await new Promise<void>((resolve) => listener.listen(0, "127.0.0.1", () => resolve()))
+  send({
+    type: "start",
+    brokerCaPem: session.session.caCertPem,
+    channelPort: (listener.address() as net.AddressInfo).port
+  })
+  await next("ready")
+
+  let seq = 0
   return {
-    direct: new https.Agent({ ...agentOptions, ca: [upstream.caPem], servername: NAME }),
-    brokered: new ProxyAgent(proxy.port, {
-      ...agentOptions,
-      ca: [mode === "terminate" ? session.session.caCertPem : upstream.caPem]
-    }),
-    port: upstream.port,
+    run: async (job) => {
+      const id = seq++
+      const done = new Promise<Extract<FromPeer, { type: "done" }>>((resolve) => {
+        const listener = (message: FromPeer) => {
+          if (message.type !== "done" || message.seq !== id) return
+          listeners.delete(listener)
+          resolve(message)
+        }
+        listeners.add(listener)
+      })
+      send({ type: "run", job, seq: id })
+      const result = await done
+      if (result.error !== undefined) throw new Error(result.error)
+      return { ms: result.ms, cpuMs: result.cpuMs }
+    },
     close: async () => {
-      await proxy.close()
+      send({ type: "close" })
+      await new Promise<void>((resolve) => worker.once("exit", () => resolve()))
+      await new Promise<void>((resolve) => listener.close(() => resolve()))
       await Effect.runPromise(Scope.close(scope, Exit.void))
-      await upstream.close()
     }
   }
 }
 
-const get = (agent: https.Agent, port: number, pathname: string) =>
-  new Promise<number>((resolve, reject) => {
-    const req = https.request(
-      {
-        agent,
-        host: agent instanceof ProxyAgent ? NAME : "127.0.0.1",
-        port,
-        path: pathname,
-        headers: { host: `${NAME}:${port}` },
-        servername: NAME
-      },
-      (res: http.IncomingMessage) => {
-        let bytes = 0
-        res.on("data", (c: Buffer) => (bytes += c.length))
-        res.on("end", () =>
-          res.statusCode === 200 ? resolve(bytes) : reject(new Error(`status ${res.statusCode}`))
-        )
-        res.on("error", reject)
-      }
-    )
-    req.on("error", reject)
-    req.end()
-  })
-
-const timed = async (f: () => Promise<unknown>) => {
-  const start = performance.now()
-  await f()
-  return performance.now() - start
-}
-
-/** 100 MB download, broker vs direct: ratio of times (goal ≤ 1.25, i.e. ≥ 0.8× throughput) */
+/**
+ * 100 MiB download, broker vs direct: ratio of times (issue 12's goal: ≥ 0.5× throughput, a ratio
+ * ≤ 2; the passthrough's ≥ 0.8×). The note adds the CPU time of both threads per download: on a
+ * loaded machine the broker's thread and the peer's do not run side by side, and CPU is then what
+ * decides.
+ */
 export const brokerDownload = async (
   ctx: BenchContext,
   mode: "terminate" | "passthrough" = "terminate"
@@ -152,29 +176,28 @@ export const brokerDownload = async (
   const rig = await makeRig(ctx.tmp, mode)
   try {
     const runs = Math.max(1, Math.min(ctx.runs, 3))
-    const once = (agent: https.Agent) =>
-      timed(async () => {
-        const bytes = await get(agent, rig.port, `/bytes?n=${DOWNLOAD_BYTES}`)
-        if (bytes !== DOWNLOAD_BYTES) throw new Error(`short download: ${bytes}`)
-      })
-    await once(rig.direct)
-    await once(rig.brokered)
-    const a: Array<number> = []
-    const b: Array<number> = []
+    const once = (via: "direct" | "broker") => rig.run({ kind: "download", via, bytes: DOWNLOAD_BYTES })
+    await once("direct")
+    await once("broker")
+    const a: Array<{ ms: number; cpuMs: number }> = []
+    const b: Array<{ ms: number; cpuMs: number }> = []
     for (let i = 0; i < runs; i++) {
-      a.push(await once(rig.brokered))
-      b.push(await once(rig.direct))
+      a.push(await once("broker"))
+      b.push(await once("direct"))
     }
-    const brokered = median(a)
-    const direct = median(b)
+    const brokered = median(a.map((r) => r.ms))
+    const direct = median(b.map((r) => r.ms))
+    const brokeredCpu = median(a.map((r) => r.cpuMs))
+    const directCpu = median(b.map((r) => r.cpuMs))
+    const goal = mode === "terminate" ? 2 : 1.25
     const mbps = (ms: number) => round(DOWNLOAD_BYTES / 1024 / 1024 / (ms / 1000), 1)
     return {
       ratio: round(brokered / direct),
       medianMs: round(brokered, 1),
       floorMs: round(direct, 1),
       runs,
-      goal: 1.25,
-      note: `100 MiB, ${mode} mode: ${mbps(brokered)} MiB/s via broker vs ${mbps(direct)} MiB/s direct (throughput ${round(direct / brokered)}×, goal ≥ 0.8×)`
+      goal,
+      note: `100 MiB, ${mode} mode: ${mbps(brokered)} MiB/s via broker vs ${mbps(direct)} MiB/s direct (throughput ${round(direct / brokered)}×, goal ≥ ${round(1 / goal)}×); CPU (both threads) ${round(brokeredCpu, 0)} ms vs ${round(directCpu, 0)} ms`
     }
   } finally {
     await rig.close()
@@ -190,28 +213,19 @@ export const brokerRequests = async (ctx: BenchContext): Promise<Figure> => {
   const rig = await makeRig(ctx.tmp)
   try {
     const runs = Math.max(1, Math.min(ctx.runs, 3))
-    const batch = (agent: https.Agent) =>
-      timed(async () => {
-        for (let i = 0; i < SMALL_REQUESTS; i++) await get(agent, rig.port, "/hello")
-      })
-    await batch(rig.direct)
-    await batch(rig.brokered)
+    const batch = (via: "direct" | "broker") => rig.run({ kind: "requests", via, count: SMALL_REQUESTS })
+    await batch("direct")
+    await batch("broker")
     const a: Array<number> = []
     const b: Array<number> = []
     for (let i = 0; i < runs; i++) {
-      a.push((await batch(rig.brokered)) / SMALL_REQUESTS)
-      b.push((await batch(rig.direct)) / SMALL_REQUESTS)
+      a.push((await batch("broker")).ms / SMALL_REQUESTS)
+      b.push((await batch("direct")).ms / SMALL_REQUESTS)
     }
     const brokered = median(a)
     const direct = median(b)
     // first request on a fresh tunnel: CONNECT + both TLS handshakes + upstream connect
-    const fresh = await timed(() =>
-      get(
-        new ProxyAgent((rig.brokered as ProxyAgent)["proxyPort"], { ca: rig.brokered.options.ca! }),
-        rig.port,
-        "/hello"
-      )
-    )
+    const fresh = (await rig.run({ kind: "fresh" })).ms
     return {
       ratio: round(brokered / direct),
       medianMs: round(brokered, 3),

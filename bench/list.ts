@@ -31,3 +31,25 @@ export const listVsFloor = async (ctx: BenchContext): Promise<Figure> => {
     note: `${SESSIONS} sessions`
   }
 }
+
+/**
+ * `abox list --json` with an empty ABOX_HOME vs `node -e 0`: what the CLI's start-up costs above
+ * node's own (loading and evaluating the command's modules, building its services, parsing)
+ */
+export const listEmptyVsNode = async (ctx: BenchContext): Promise<Figure> => {
+  const home = path.join(ctx.tmp, "empty-home")
+  const env = { ABOX_HOME: home, HOME: path.join(ctx.tmp, "user") }
+  const m = compare(
+    ctx.runs,
+    () => timeOnce([process.execPath, cli, "list", "--json"], env),
+    () => timeOnce([process.execPath, "-e", "0"], env)
+  )
+  return {
+    ratio: round(m.a / m.b),
+    medianMs: round(m.a, 1),
+    floorMs: round(m.b, 1),
+    runs: ctx.runs,
+    goal: 2.5,
+    note: "empty home"
+  }
+}

@@ -11,7 +11,7 @@ import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./bro
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
 import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./lifecycle.js"
-import { listVsFloor } from "./list.js"
+import { listEmptyVsNode, listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
 import { scrubOverhead } from "./scrub.js"
@@ -19,6 +19,7 @@ import { vmmClone, vmmOpenToHello, vmmRss } from "./vmm.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
   ["listVsFloor", listVsFloor],
+  ["listEmptyVsNode", listEmptyVsNode],
   ["scrubOverhead", scrubOverhead],
   ["brokerDownload", brokerDownload],
   ["brokerDownloadPassthrough", brokerDownloadPassthrough],

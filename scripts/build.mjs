@@ -13,15 +13,23 @@ const entries = [
   { in: "src/sdk/index.ts", out: "sdk" }
 ]
 
-const { existsSync } = await import("node:fs")
+const { existsSync, readdirSync, rmSync } = await import("node:fs")
 await mkdir("dist", { recursive: true })
+// the CLI's chunks of an earlier build (their names carry a content hash)
+for (const file of readdirSync("dist")) if (file.startsWith("abox-chunk-")) rmSync(`dist/${file}`)
 await Promise.all(
   entries
     .filter((entry) => existsSync(entry.in))
     .map((entry) =>
       build({
-        entryPoints: [entry.in],
-        outfile: `dist/${entry.out}.js`,
+        entryPoints: [{ in: entry.in, out: entry.out }],
+        // The CLI is split: each command's module (src/cli/dispatch.ts imports them dynamically)
+        // and what commands share are chunks next to dist/abox.js, so a command evaluates only
+        // what it needs (`abox list` never the VM stack). The chunks sit in dist/ itself, where
+        // the modules that look for their neighbours by import.meta.url expect to be.
+        ...(entry.out === "abox"
+          ? { outdir: "dist", entryNames: "[name]", splitting: true, chunkNames: "abox-chunk-[hash]" }
+          : { outfile: `dist/${entry.out}.js` }),
         bundle: true,
         platform: "node",
         target: "node20",

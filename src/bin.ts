@@ -1,5 +1,5 @@
 import * as Effect from "effect/Effect"
-import { cli } from "./cli/main.js"
+import { loadCli } from "./cli/dispatch.js"
 import { exitCodeFor } from "./cli/exitCodes.js"
 import {
   CliExit,
@@ -10,11 +10,11 @@ import {
   wantsJson
 } from "./cli/render.js"
 import { runMain } from "./cli/runMain.js"
-import { MainLive } from "./layers/Main.js"
 
-cli(process.argv).pipe(
+// only what this command line needs is loaded (src/cli/dispatch.ts): start-up is a feature
+Effect.promise(() => loadCli(process.argv)).pipe(
+  Effect.flatMap((cli) => cli(process.argv)),
   parsedAtTheEdge(process.argv),
-  Effect.provide(MainLive),
   // the environment is read as the services are made, before any command's edge
   Effect.catchTag("ConfigInvalid", (error) =>
     renderError(error, wantsJson(process.argv)).pipe(

@@ -216,6 +216,15 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
       const extraCas = [...(options.extraUpstreamCa ?? []), ...policyCas]
       const upstreamCa =
         extraCas.length === 0 ? undefined : [...tls.rootCertificates, ...(yield* hostExtraCas), ...extraCas]
+      // parsed once per session, not per upstream connection
+      const upstreamContext =
+        upstreamCa === undefined
+          ? undefined
+          : yield* Effect.try({
+              try: () => tls.createSecureContext({ ca: upstreamCa }),
+              catch: (cause) =>
+                new BrokerError({ reason: "ca", message: `the upstream CAs do not load: ${String(cause)}` })
+            })
       const logPath = path.join(session.sessionDir, BROKER_LOG_FILE)
       const brokerLog = yield* openBrokerLog(logPath, options.log).pipe(
         Effect.provideService(FileSystem.FileSystem, fs),
@@ -429,7 +438,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           credential: { header: rule.header, value: readCredential(rule) },
           dial,
           dialTimeoutMs: Duration.toMillis(dialTimeout),
-          upstreamCa,
+          upstreamContext,
           maxHeaderBytes,
           headTimeoutMs,
           idleTimeoutMs,

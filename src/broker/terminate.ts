@@ -40,8 +40,8 @@ export interface TerminateOptions {
   readonly dial: () => Promise<Duplex>
   /** bound on dial + upstream TLS handshake */
   readonly dialTimeoutMs: number
-  /** CAs trusted upstream: undefined for the system's */
-  readonly upstreamCa: ReadonlyArray<string> | undefined
+  /** the CAs trusted upstream, as a TLS context made once per session: undefined for the system's */
+  readonly upstreamContext: tls.SecureContext | undefined
   readonly maxHeaderBytes: number
   /** bound on the TLS handshake, and on each request head (from connection or last response) */
   readonly headTimeoutMs: number
@@ -160,7 +160,7 @@ const startTermination = (
 ): (() => void) => {
   {
     const secureContext = options.secureContext
-    const upstreamCa = options.upstreamCa === undefined ? undefined : [...options.upstreamCa]
+    const upstreamContext = options.upstreamContext
     const credentialHeader = options.credential.header.toLowerCase()
     let denied = false
     const deny = (reason: string) => {
@@ -187,7 +187,7 @@ const startTermination = (
           const secure = tls.connect({
             socket: raw,
             servername: options.host,
-            ...(upstreamCa === undefined ? {} : { ca: upstreamCa }),
+            ...(upstreamContext === undefined ? {} : { secureContext: upstreamContext }),
             ALPNProtocols: ["http/1.1"]
           })
           const done = () => clearTimeout(timer)

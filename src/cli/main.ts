@@ -1,5 +1,3 @@
-import * as Command from "@effect/cli/Command"
-import pkg from "../../package.json" with { type: "json" }
 import { image } from "./commands/image.js"
 import { list } from "./commands/list.js"
 import { name } from "./commands/name.js"
@@ -18,6 +16,7 @@ import {
   stopCommand,
   superviseCommand
 } from "./commands/detached.js"
+import { aboxCommand, runAbox } from "./root.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
 const subcommands = [
@@ -45,9 +44,6 @@ const subcommands = [
   superviseCommand
 ] as const
 
-export const abox = Command.make("abox").pipe(
-  Command.withDescription("run an AI coding agent inside a VM session"),
-  Command.withSubcommands(subcommands)
-)
+export const abox = aboxCommand(subcommands)
 
-export const cli = Command.run(abox, { name: "abox", version: pkg.version })
+export const cli = runAbox(abox)

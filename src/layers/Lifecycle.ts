@@ -1,11 +1,10 @@
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { CACHE_FILES } from "../domain/sessionLayout.js"
-import { qemuAccel, readEnv, vfkitExecutable, vmmChoice } from "../lib/env.js"
+import { backendEnv, chooseBackend, vmmChoice } from "../lib/env.js"
 import { ImagesLive } from "./ImagesLive.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { hostArch } from "../lib/arch.js"
@@ -24,14 +23,7 @@ import { RuntimeLockLive } from "./RuntimeLockLive.js"
  * overridable with `ABOX_VMM=qemu|vz|fake`. `fake` runs the real guest agent as a host process:
  * a test backend, with a placeholder image (its root disk is a directory).
  */
-export { vmmChoice }
-
-/** the backend a host uses: the explicit choice, else by platform */
-export const chooseBackend = (
-  choice: Option.Option<"qemu" | "vz" | "fake">,
-  platform: NodeJS.Platform = process.platform
-): "qemu" | "vz" | "fake" =>
-  Option.getOrElse(choice, () => (platform === "darwin" ? ("vz" as const) : ("qemu" as const)))
+export { chooseBackend, vmmChoice }
 
 export const FakeImages = Layer.succeed(Images, {
   resolve: () =>
@@ -57,15 +49,15 @@ export const FakeImages = Layer.succeed(Images, {
 
 const backends = Layer.unwrapEffect(
   Effect.gen(function* () {
-    const backend = chooseBackend(yield* readEnv(vmmChoice))
-    if (backend === "fake") return Layer.merge(FakeVmm.layer, FakeImages)
+    const env = yield* backendEnv
+    if (env.backend === "fake") return Layer.merge(FakeVmm.layer, FakeImages)
     const paths = yield* AboxPaths
     const images = ImagesLive.pipe(Layer.provide(NodeCommandExecutor.layer))
     const vmm =
-      backend === "vz"
-        ? DarwinVmmLive({ vfkit: yield* readEnv(vfkitExecutable) })
+      env.backend === "vz"
+        ? DarwinVmmLive({ vfkit: env.vfkit })
         : QemuVmmLive({
-            accel: yield* readEnv(qemuAccel),
+            accel: env.accel,
             accelCache: path.join(paths.homeFile("cache"), CACHE_FILES.accel)
           })
     return Layer.merge(vmm, images)

@@ -1,31 +1,35 @@
 import * as Effect from "effect/Effect"
 // node's lstat: @effect/platform's stat follows links, and a link in a session's repository copy
 // may point anywhere (`/`)
-import * as fs from "node:fs/promises"
+import * as fs from "node:fs"
 import * as path from "node:path"
 
 /**
  * Bytes a directory takes on disk (allocated blocks, so a sparse root.raw counts what it holds,
  * not its apparent size), symlinks not followed. Entries that vanish or cannot be read while
  * walking count as 0: this is a figure for people, never a reason to fail.
+ *
+ * The walk is synchronous, in one Effect: a session directory holds a handful of files (the
+ * repository and the guest's disk are image files), and `abox list` walks every session, where
+ * a fiber, a promise and a thread-pool round trip per lstat cost many times the lstat itself.
  */
 export const diskUsage = (
   dir: string,
   /** told the names directly in `dir` (saves the caller a second readdir) */
   onTopEntries?: (entries: ReadonlyArray<string>) => void
 ): Effect.Effect<number> => {
-  const walk = (file: string): Effect.Effect<number> =>
-    Effect.gen(function* () {
-      const info = yield* Effect.tryPromise(() => fs.lstat(file))
+  const walk = (file: string): number => {
+    try {
+      const info = fs.lstatSync(file)
       if (!info.isDirectory()) return info.blocks * 512
-      const entries = yield* Effect.tryPromise(() => fs.readdir(file))
+      const entries = fs.readdirSync(file)
       if (file === dir) onTopEntries?.(entries)
-      const sizes = yield* Effect.forEach(entries, (entry) => walk(path.join(file, entry)), {
-        concurrency: 8
-      })
-      return sizes.reduce((a, b) => a + b, info.blocks * 512)
-    }).pipe(Effect.orElseSucceed(() => 0))
-  return walk(dir)
+      return entries.reduce((total, entry) => total + walk(path.join(file, entry)), info.blocks * 512)
+    } catch {
+      return 0
+    }
+  }
+  return Effect.sync(() => walk(dir))
 }
 
 /** 1.2 GB, 110 MB, 4.0 kB: decimal units, as `du -h --si` */

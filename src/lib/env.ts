@@ -1,6 +1,7 @@
 import * as Config from "effect/Config"
 import * as ConfigError from "effect/ConfigError"
 import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 
 /**
@@ -35,3 +36,27 @@ const describeConfigError = (error: ConfigError.ConfigError): string =>
     sourceUnavailableCase: (_, path, message) => `${path.join(".")}: ${message}`,
     unsupportedCase: (_, path, message) => `${path.join(".")}: ${message}`
   })
+
+/** the VMM backend a host uses: the explicit choice (`ABOX_VMM`), else by platform */
+export const chooseBackend = (
+  choice: Option.Option<"qemu" | "vz" | "fake">,
+  platform: NodeJS.Platform = process.platform
+): "qemu" | "vz" | "fake" =>
+  Option.getOrElse(choice, () => (platform === "darwin" ? ("vz" as const) : ("qemu" as const)))
+
+/**
+ * The backend and the settings it reads, each checked (ConfigInvalid): what the VMM layer is
+ * made from (src/layers/Lifecycle.ts), and what every command checks before it runs, even one
+ * that never starts a VM (src/layers/Base.ts).
+ */
+export const backendEnv: Effect.Effect<
+  | { readonly backend: "fake" }
+  | { readonly backend: "qemu"; readonly accel: "auto" | "kvm" | "tcg" }
+  | { readonly backend: "vz"; readonly vfkit: string },
+  ConfigInvalid
+> = Effect.gen(function* () {
+  const backend = chooseBackend(yield* readEnv(vmmChoice))
+  if (backend === "qemu") return { backend, accel: yield* readEnv(qemuAccel) }
+  if (backend === "vz") return { backend, vfkit: yield* readEnv(vfkitExecutable) }
+  return { backend }
+})

@@ -30,7 +30,7 @@ import {
   writeBytes,
   writeLine
 } from "../lib/lineSocket.js"
-import { sessionSocketPath } from "../lib/socketPath.js"
+import { controlSocketPath } from "../lib/socketPath.js"
 import {
   CONTROL_VERSION,
   type ControlReply,
@@ -51,10 +51,8 @@ import type { TtyControl } from "../services/GuestRpc.js"
 import * as Repo from "./repo.js"
 import { RepoPathInvalid } from "../domain/repoErrors.js"
 import type { Session } from "./session.js"
-import { SESSION_FILES } from "../domain/sessionLayout.js"
 
-/** a session's control socket: `<dir>/control.sock`, or the short-path fallback (src/lib/socketPath.ts) */
-export const controlSocketPath = (sessionDir: string): string => sessionSocketPath(sessionDir, SESSION_FILES.controlSocket)
+export { controlSocketPath }
 
 /** why a supervisor closed: asked to, idle, or its guest went away (the VM died) */
 export type StopReason = "stop" | "idle" | "guest-gone"

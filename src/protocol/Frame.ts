@@ -59,26 +59,43 @@ export const checkHeader = (length: number, channel: number, kind: number): stri
 }
 
 const writeHeader = (target: Uint8Array, length: number, channel: number, kind: number): void => {
-  const view = new DataView(target.buffer, target.byteOffset, FRAME_HEADER_BYTES)
-  view.setUint32(0, length)
-  view.setUint32(4, channel)
-  view.setUint8(8, kind)
+  target[0] = length >>> 24
+  target[1] = (length >>> 16) & 0xff
+  target[2] = (length >>> 8) & 0xff
+  target[3] = length & 0xff
+  target[4] = channel >>> 24
+  target[5] = (channel >>> 16) & 0xff
+  target[6] = (channel >>> 8) & 0xff
+  target[7] = channel & 0xff
+  target[8] = kind
 }
 
-const validateOutgoing = (frame: Frame): void => {
-  if (!Number.isInteger(frame.channel) || frame.channel < 0 || frame.channel > MAX_CHANNEL_ID) {
-    throw new FrameError(`channel id ${frame.channel} is not a u32`)
+const validateOutgoing = (channel: number, kind: FrameKind, length: number): void => {
+  if (!Number.isInteger(channel) || channel < 0 || channel > MAX_CHANNEL_ID) {
+    throw new FrameError(`channel id ${channel} is not a u32`)
   }
-  const reason = checkHeader(frame.payload.length, frame.channel, frame.kind)
+  const reason = checkHeader(length, channel, kind)
   if (reason !== undefined) throw new FrameError(reason)
 }
 
 /** One frame as bytes. Throws FrameError for a frame that v4 does not allow. */
 export const encodeFrame = (frame: Frame): Uint8Array => {
-  validateOutgoing(frame)
+  validateOutgoing(frame.channel, frame.kind, frame.payload.length)
   const bytes = new Uint8Array(FRAME_HEADER_BYTES + frame.payload.length)
   writeHeader(bytes, frame.payload.length, frame.channel, frame.kind)
   bytes.set(frame.payload, FRAME_HEADER_BYTES)
+  return bytes
+}
+
+/**
+ * The header alone of a frame whose `length`-byte payload is written right after it (as a
+ * second buffer of one writev, so a big payload is never copied). The same rules as
+ * `encodeFrame`: throws FrameError for a frame that v4 does not allow.
+ */
+export const encodeFrameHeader = (channel: number, kind: FrameKind, length: number): Uint8Array => {
+  validateOutgoing(channel, kind, length)
+  const bytes = new Uint8Array(FRAME_HEADER_BYTES)
+  writeHeader(bytes, length, channel, kind)
   return bytes
 }
 
@@ -91,9 +108,16 @@ export const encodeCredit = (bytes: number): Uint8Array => {
   return payload
 }
 
+/** A whole CREDIT frame granting `bytes` on `channel` (throws FrameError unless both are valid). */
+export const encodeCreditFrame = (channel: number, bytes: number): Uint8Array =>
+  encodeFrame({ channel, kind: FrameKind.Credit, payload: encodeCredit(bytes) })
+
+/** the big-endian u32 at `offset` */
+const readU32 = (bytes: Uint8Array, offset: number): number =>
+  ((bytes[offset]! << 24) | (bytes[offset + 1]! << 16) | (bytes[offset + 2]! << 8) | bytes[offset + 3]!) >>> 0
+
 /** Reads a CREDIT frame's grant (the decoder has already checked the length). */
-export const decodeCredit = (payload: Uint8Array): number =>
-  new DataView(payload.buffer, payload.byteOffset, payload.byteLength).getUint32(0)
+export const decodeCredit = (payload: Uint8Array): number => readU32(payload, 0)
 
 export interface FrameDecoderOptions {
   /**
@@ -152,10 +176,9 @@ export class FrameDecoder {
       if (this.payload === undefined) {
         // fast path: a whole header inside this chunk with nothing pending
         if (this.headerFill === 0 && end - offset >= FRAME_HEADER_BYTES) {
-          const view = new DataView(chunk.buffer, chunk.byteOffset + offset, FRAME_HEADER_BYTES)
-          const length = view.getUint32(0)
-          const channel = view.getUint32(4)
-          const kind = view.getUint8(8)
+          const length = readU32(chunk, offset)
+          const channel = readU32(chunk, offset + 4)
+          const kind = chunk[offset + 8]!
           this.check(length, channel, kind)
           offset += FRAME_HEADER_BYTES
           if (end - offset >= length) {
@@ -175,10 +198,9 @@ export class FrameDecoder {
         this.headerFill += take
         offset += take
         if (this.headerFill < FRAME_HEADER_BYTES) break
-        const view = new DataView(this.header.buffer)
-        const length = view.getUint32(0)
-        const channel = view.getUint32(4)
-        const kind = view.getUint8(8)
+        const length = readU32(this.header, 0)
+        const channel = readU32(this.header, 4)
+        const kind = this.header[8]!
         this.check(length, channel, kind)
         this.headerFill = 0
         if (length === 0) {
@@ -222,8 +244,6 @@ export class FrameDecoder {
     }
     this.payload = new Uint8Array(length)
     this.payloadFill = 0
-    this.channel = channel
-    this.kind = kind as FrameKind
   }
 
   private check(length: number, channel: number, kind: number): void {

@@ -5,8 +5,9 @@ import * as Schema from "effect/Schema"
 import {
   CONTROL_CHANNEL,
   decodeCredit,
-  encodeCredit,
-  FRAME_HEADER_BYTES,
+  encodeCreditFrame,
+  encodeFrame,
+  encodeFrameHeader,
   FrameDecoder,
   FrameError,
   FrameKind,
@@ -85,9 +86,36 @@ const encodeControl = Schema.encodeSync(Schema.parseJson(ControlMessage))
 const utf8 = new TextDecoder("utf-8", { fatal: true })
 const utf8Encoder = new TextEncoder()
 
+/**
+ * Each member of ControlMessage by its `type` literal: the union would pick the same member by
+ * that literal, so decoding or encoding with the member alone checks exactly as much, without
+ * the union's search. Anything else (no such type, a failure) goes through the whole union, so
+ * that results and error messages are the union's.
+ */
+interface MemberCodec {
+  readonly decode: (input: unknown) => Either.Either<ControlMessage, ParseResult.ParseError>
+  readonly encode: (message: ControlMessage) => Either.Either<unknown, ParseResult.ParseError>
+}
+const memberCodecs = new Map<string, MemberCodec>()
+for (const member of ControlMessage.members) {
+  const literals: ReadonlyArray<unknown> = member.fields.type.literals
+  const type = literals[0]
+  if (literals.length !== 1 || typeof type !== "string") continue
+  if (memberCodecs.has(type)) throw new Error(`two control messages of type ${type}`)
+  const schema = member as unknown as Schema.Schema<ControlMessage, unknown>
+  memberCodecs.set(type, {
+    decode: Schema.decodeUnknownEither(schema),
+    encode: Schema.encodeEither(schema)
+  })
+}
+
 /** the payload of a CONTROL frame: UTF-8 JSON of the Schema-encoded message (throws on an invalid one) */
-export const encodeControlPayload = (message: ControlMessage): Uint8Array =>
-  utf8Encoder.encode(encodeControl(message))
+export const encodeControlPayload = (message: ControlMessage): Uint8Array => {
+  const encoded = memberCodecs.get(message.type)?.encode(message)
+  return utf8Encoder.encode(
+    encoded !== undefined && Either.isRight(encoded) ? JSON.stringify(encoded.right) : encodeControl(message)
+  )
+}
 
 /** a CONTROL frame's payload as a message, or the reason it is not one */
 export const decodeControlPayload = (payload: Uint8Array): Either.Either<ControlMessage, MuxError> => {
@@ -96,6 +124,18 @@ export const decodeControlPayload = (payload: Uint8Array): Either.Either<Control
     text = utf8.decode(payload)
   } catch (cause) {
     return Either.left(new MuxError("control frame is not UTF-8", { cause }))
+  }
+  let json: unknown = undefined
+  try {
+    json = JSON.parse(text)
+  } catch {
+    // the union's decoder reports it
+  }
+  const type = typeof json === "object" && json !== null ? (json as { readonly type?: unknown }).type : undefined
+  const member = typeof type === "string" ? memberCodecs.get(type) : undefined
+  if (member !== undefined) {
+    const decoded = member.decode(json)
+    if (Either.isRight(decoded)) return Either.right(decoded.right)
   }
   const decoded = decodeControl(text)
   if (Either.isLeft(decoded)) {
@@ -110,6 +150,14 @@ export const decodeControlPayload = (payload: Uint8Array): Either.Either<Control
 
 /** small frames are written as one buffer; bigger ones as header + payload (corked: one writev) */
 const CONCAT_BELOW = 16 * 1024
+/**
+ * Bytes the stream may hold unsent (its `writableLength`) before writers wait for 'drain'. Node's
+ * own mark (16 KiB) would make every DATA frame above it wait a tick for 'drain' even when the
+ * kernel took it whole; what the stream holds is bounded anyway by the channels' credit (DATA)
+ * and this mark (control), so the Mux waits only when the peer really stops reading.
+ */
+const WRITE_HIGH_WATER = MAX_FRAME_PAYLOAD
+const resolved: Promise<void> = Promise.resolve()
 
 type ControlHandler = (message: ControlMessage) => void | Promise<unknown>
 
@@ -227,29 +275,54 @@ class Channel implements MuxChannel {
     waiter?.resolve()
   }
 
-  private async *iterator(): AsyncGenerator<Uint8Array> {
-    if (this.iterating) throw new MuxError(`channel ${this.id} is already being read`)
+  /**
+   * The reader: a plain iterator rather than an async generator (no generator frame and
+   * promise chain per chunk); a chunk already buffered is handed out in an already-resolved
+   * promise. Concurrent `next()` calls are answered in call order.
+   */
+  private iterator(): AsyncIterator<Uint8Array> {
+    if (this.iterating) {
+      const error = new MuxError(`channel ${this.id} is already being read`)
+      return {
+        next: () => Promise.reject(error),
+        return: () => Promise.resolve({ done: true, value: undefined })
+      }
+    }
     this.iterating = true
-    while (true) {
-      if (this.dropped && this.failure !== undefined) throw this.failure
+    let finished = false
+    const done = (): Promise<IteratorResult<Uint8Array>> => {
+      finished = true
+      return Promise.resolve({ done: true, value: undefined })
+    }
+    const next = (): Promise<IteratorResult<Uint8Array>> => {
+      if (finished) return Promise.resolve({ done: true, value: undefined })
+      if (this.dropped && this.failure !== undefined) {
+        finished = true
+        return Promise.reject(this.failure)
+      }
       const chunk = this.chunks.shift()
       if (chunk !== undefined) {
         this.bufferedBytes -= chunk.length
         this.grant(chunk.length)
-        yield chunk
-        continue
+        return Promise.resolve({ done: false, value: chunk })
       }
-      if (this.peerEof) return
-      this.readWaiter = deferred()
-      await this.readWaiter.promise
+      if (this.peerEof) return done()
+      if (this.readWaiter === undefined) this.readWaiter = deferred()
+      return this.readWaiter.promise.then(next)
     }
+    return { next, return: done }
   }
 
-  /** credit goes back in batches of a quarter window (or at once when the buffer is empty) */
+  /**
+   * Credit goes back in batches of a quarter window. A sender waits only once its whole window
+   * is unacknowledged, and a reader that has taken a quarter of that grants it back, so batching
+   * never stalls a sender; a bulk transfer then costs one CREDIT frame per quarter window, not
+   * one per read (as granting whenever the buffer ran empty did).
+   */
   private grant(bytes: number): void {
     this.consumed += bytes
     if (this.peerEof || this.failure !== undefined) return
-    if (this.consumed >= this.window / 4 || this.chunks.length === 0) {
+    if (this.consumed >= this.window / 4) {
       const grant = this.consumed
       this.consumed = 0
       this.unacked -= grant
@@ -458,24 +531,16 @@ export class Mux {
     if (this.closed || this.ending || this.stream.destroyed || !this.stream.writable) {
       return Promise.reject(this.error ?? new MuxError("mux closed"))
     }
-    const header = new Uint8Array(FRAME_HEADER_BYTES)
-    const view = new DataView(header.buffer)
-    view.setUint32(0, payload.length)
-    view.setUint32(4, channel)
-    view.setUint8(8, kind)
     let ok: boolean
     if (payload.length < CONCAT_BELOW) {
-      const bytes = new Uint8Array(FRAME_HEADER_BYTES + payload.length)
-      bytes.set(header, 0)
-      bytes.set(payload, FRAME_HEADER_BYTES)
-      ok = this.stream.write(bytes)
+      ok = this.stream.write(encodeFrame({ channel, kind, payload }))
     } else {
       this.stream.cork()
-      this.stream.write(header)
+      this.stream.write(encodeFrameHeader(channel, kind, payload.length))
       ok = this.stream.write(payload)
       this.stream.uncork()
     }
-    if (ok) return Promise.resolve()
+    if (ok || this.stream.writableLength < WRITE_HIGH_WATER) return resolved
     if (this.drainWaiter === undefined) this.drainWaiter = deferred()
     return this.drainWaiter.promise
   }
@@ -483,13 +548,7 @@ export class Mux {
   /** @internal credit is never held back by backpressure: it is what unblocks the peer */
   sendCredit(channel: number, bytes: number): void {
     if (this.closed || this.ending || this.stream.destroyed || !this.stream.writable || bytes === 0) return
-    const frame = new Uint8Array(FRAME_HEADER_BYTES + 4)
-    const view = new DataView(frame.buffer)
-    view.setUint32(0, 4)
-    view.setUint32(4, channel)
-    view.setUint8(8, FrameKind.Credit)
-    frame.set(encodeCredit(bytes), FRAME_HEADER_BYTES)
-    this.stream.write(frame)
+    this.stream.write(encodeCreditFrame(channel, bytes))
   }
 
   /** @internal */

@@ -9,22 +9,23 @@
  * SIGTERM (Linux) / SIGINT (macOS) → the same bounded stop: QMP quit (QEMU) or REST Stop, HardStop
  * (vfkit) → wait → the fallback signal (`spec.signal`, default SIGTERM) → wait →
  * SIGKILL; the VMM is always reaped before the helper exits.
+ *
+ * Exit codes: 0 after `exited`; 64 a bad spec (an `error` event says why); 69 the VMM could not
+ * be started (an `error` event); 70 no spec on stdin or an unexpected failure (on stderr).
+ *
+ * Plain node, no Effect runtime: the helper lives as long as the session, beside the CLI, and
+ * its memory counts against the session's (docs/performance.md, `lifecycleRss`). It is one
+ * sequence of callbacks around one child process; the protocol decoder it shares with the
+ * supervisor (src/vmm/protocol.ts) is plain TypeScript too.
  */
-import * as Deferred from "effect/Deferred"
-import * as Duration from "effect/Duration"
-import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
-import * as Fiber from "effect/Fiber"
-import * as ParseResult from "effect/ParseResult"
 // Raw node:child_process / node:net / node:fs: the VMM must inherit fd 4 (the lock) and the
-// helper must read fd 3 (liveness); @effect/platform's Command passes neither extra fds nor
-// lets us watch an inherited descriptor.
+// helper must read fd 3 (liveness).
 import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import { BoundedConsole } from "./console.js"
 import { qmpCommand } from "./qmp.js"
-import { vfkitSetState } from "./vfkit.js"
+import { vfkitRequest } from "./vfkitRest.js"
 import {
   decodeHelperSpec,
   encodeHelperEvent,
@@ -33,33 +34,33 @@ import {
   LIVENESS_FD,
   LOCK_FD
 } from "./protocol.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 // the supervisor may be gone: writes to its pipes must never crash the helper
 process.stdout.on("error", () => undefined)
 process.stderr.on("error", () => undefined)
 
-const emit = (event: HelperEvent) =>
-  Effect.sync(() => {
-    process.stdout.write(encodeHelperEvent(event) + "\n")
-  })
+const emit = (event: HelperEvent) => {
+  process.stdout.write(encodeHelperEvent(event) + "\n")
+}
 
-const readStdinLine = Effect.async<string, string>((resume) => {
-  let text = ""
-  process.stdin.setEncoding("utf8")
-  const onData = (chunk: string) => {
-    text += chunk
-    const newline = text.indexOf("\n")
-    if (newline !== -1) {
-      process.stdin.off("data", onData)
-      process.stdin.pause()
-      resume(Effect.succeed(text.slice(0, newline)))
+/** the first line on stdin (or all of it, when it ends without a newline); undefined: nothing */
+const readStdinLine = (): Promise<string | undefined> =>
+  new Promise((resolve) => {
+    let text = ""
+    process.stdin.setEncoding("utf8")
+    const onData = (chunk: string) => {
+      text += chunk
+      const newline = text.indexOf("\n")
+      if (newline !== -1) {
+        process.stdin.off("data", onData)
+        process.stdin.pause()
+        resolve(text.slice(0, newline))
+      }
     }
-  }
-  process.stdin.on("data", onData)
-  process.stdin.on("end", () =>
-    resume(text.trim() === "" ? Effect.fail("no spec on stdin") : Effect.succeed(text))
-  )
-})
+    process.stdin.on("data", onData)
+    process.stdin.on("end", () => resolve(text.trim() === "" ? undefined : text))
+  })
 
 const fdOpen = (fd: number): boolean => {
   try {
@@ -75,109 +76,144 @@ interface Exit {
   readonly signal: string | null
 }
 
-const stopSequence = (spec: HelperSpec, child: ChildProcess, exited: Deferred.Deferred<Exit>) =>
-  Effect.gen(function* () {
-    const waitFor = (ms: number) =>
-      Deferred.await(exited).pipe(
-        Effect.timeout(Duration.millis(ms)),
-        Effect.option,
-        Effect.map((o) => o._tag === "Some")
-      )
-    if (spec.qmpSocket !== undefined) {
-      yield* qmpCommand(spec.qmpSocket, "quit", Duration.millis(spec.quitMs)).pipe(Effect.ignore)
-      if (yield* waitFor(spec.quitMs)) return
+/** a promise and the function that settles it (once) */
+const settable = <A>() => {
+  let settle!: (value: A) => void
+  let settled = false
+  const promise = new Promise<A>((resolve) => {
+    settle = (value) => {
+      if (settled) return
+      settled = true
+      resolve(value)
     }
-    if (spec.restSocket !== undefined) {
-      // vfkit: Stop asks the guest (RequestStop); HardStop stops the VM without asking
-      for (const state of ["Stop", "HardStop"] as const) {
-        yield* vfkitSetState(spec.restSocket, state, Duration.millis(spec.quitMs)).pipe(Effect.ignore)
-        if (yield* waitFor(spec.quitMs)) return
-      }
-    }
-    child.kill(spec.signal ?? "SIGTERM")
-    if (yield* waitFor(spec.termMs)) return
-    child.kill("SIGKILL")
-    yield* Deferred.await(exited)
+  })
+  return { promise, settle: (value: A) => settle(value), isSettled: () => settled }
+}
+
+/** true when `promise` settles within `ms`, false otherwise (the timer never outlives the wait) */
+const within = (promise: Promise<unknown>, ms: number): Promise<boolean> =>
+  new Promise((resolve) => {
+    const timer = setTimeout(() => resolve(false), ms)
+    void promise.then(() => {
+      clearTimeout(timer)
+      resolve(true)
+    })
   })
 
-const main = Effect.gen(function* () {
-  const line = yield* readStdinLine
+/**
+ * The bounded stop: QMP quit / vfkit Stop, HardStop → wait → the fallback signal → wait →
+ * SIGKILL → wait for the exit. Each step runs only while the VMM has not exited yet.
+ */
+const stopSequence = async (spec: HelperSpec, child: ChildProcess, exited: Promise<Exit>, hasExited: () => boolean) => {
+  const waitFor = (ms: number) => within(exited, ms)
+  if (spec.qmpSocket !== undefined) {
+    await qmpCommand(spec.qmpSocket, "quit", spec.quitMs).catch(() => undefined)
+    if (await waitFor(spec.quitMs)) return
+  }
+  if (spec.restSocket !== undefined) {
+    // vfkit: Stop asks the guest (RequestStop); HardStop stops the VM without asking
+    for (const state of ["Stop", "HardStop"] as const) {
+      if (hasExited()) return
+      await within(
+        vfkitRequest({
+          socket: spec.restSocket,
+          method: "POST",
+          route: "/vm/state",
+          body: JSON.stringify({ state }),
+          signal: AbortSignal.timeout(spec.quitMs)
+        }).catch(() => undefined),
+        spec.quitMs
+      )
+      if (await waitFor(spec.quitMs)) return
+    }
+  }
+  if (hasExited()) return
+  child.kill(spec.signal ?? "SIGTERM")
+  if (await waitFor(spec.termMs)) return
+  child.kill("SIGKILL")
+  await exited
+}
+
+/** resolves once both of the VMM's output pipes have closed (what it wrote last is in the log) */
+const drained = (child: ChildProcess): Promise<void> =>
+  new Promise((resolve) => {
+    let open = 2
+    const done = () => {
+      open -= 1
+      if (open === 0) resolve()
+    }
+    if (child.stdout === null || child.stdout.readableEnded) done()
+    else child.stdout.once("close", done)
+    if (child.stderr === null || child.stderr.readableEnded) done()
+    else child.stderr.once("close", done)
+  })
+
+const main = async (): Promise<number> => {
+  const line = await readStdinLine()
+  if (line === undefined) throw new Error("no spec on stdin")
   const decoded = decodeHelperSpec(line)
-  if (Either.isLeft(decoded)) {
-    yield* emit({
-      event: "error",
-      message: `bad spec: ${ParseResult.TreeFormatter.formatErrorSync(decoded.left)}`
-    })
+  if (!decoded.ok) {
+    emit({ event: "error", message: `bad spec: ${decoded.error}` })
     return 64
   }
-  const spec = decoded.right
+  const spec = decoded.value
   const console = new BoundedConsole(spec.consoleLog, spec.consoleMaxBytes)
-  const exited = yield* Deferred.make<Exit>()
-  const stop = yield* Deferred.make<string>()
+  const exited = settable<Exit>()
+  const stop = settable<string>()
+  const spawnError = settable<string>()
 
   const child = spawn(spec.command, [...spec.args], {
     env: spec.env,
     // fd 3 is a fresh pipe so the VMM never holds our liveness fd; fd 4 is the lock
     stdio: ["ignore", "pipe", "pipe", "pipe", fdOpen(LOCK_FD) ? LOCK_FD : "ignore"]
   })
-  const spawnError = yield* Deferred.make<string>()
-  child.on("error", (error) => Deferred.unsafeDone(spawnError, Effect.succeed(error.message)))
+  child.on("error", (error) => spawnError.settle(error.message))
   child.stdout?.on("data", (chunk: Buffer) => console.write(chunk))
   child.stderr?.on("data", (chunk: Buffer) => console.write(chunk))
-  child.on("exit", (code, signal) => Deferred.unsafeDone(exited, Effect.succeed({ code, signal })))
+  child.on("exit", (code, signal) => exited.settle({ code, signal }))
 
   if (child.pid === undefined) {
-    const message = yield* Deferred.await(spawnError)
-    yield* emit({ event: "error", message: `cannot start ${spec.command}: ${message}` })
+    const message = await spawnError.promise
+    emit({ event: "error", message: `cannot start ${spec.command}: ${message}` })
     console.close()
     return 69
   }
-  yield* emit({ event: "started", pid: child.pid })
+  emit({ event: "started", pid: child.pid })
 
   // liveness: EOF (or error) on fd 3 means the supervisor is gone
   if (fdOpen(LIVENESS_FD)) {
     const liveness = new net.Socket({ fd: LIVENESS_FD, readable: true, writable: false })
     liveness.on("data", () => undefined)
-    const gone = () => Deferred.unsafeDone(stop, Effect.succeed("supervisor gone"))
+    const gone = () => stop.settle("supervisor gone")
     liveness.on("end", gone)
     liveness.on("close", gone)
     liveness.on("error", gone)
   }
-  const onSignal = (signal: NodeJS.Signals) => Deferred.unsafeDone(stop, Effect.succeed(signal))
+  const onSignal = (signal: NodeJS.Signals) => stop.settle(signal)
   const fallback = spec.signal ?? (process.platform === "darwin" ? "SIGINT" : "SIGTERM")
   process.on("SIGTERM", onSignal)
   process.on("SIGINT", process.platform === "darwin" || fallback === "SIGINT" ? onSignal : () => undefined)
   process.on("SIGHUP", () => undefined)
 
-  const stopper = yield* Deferred.await(stop).pipe(
-    Effect.tap((reason) => emit({ event: "stopping", reason })),
-    Effect.zipRight(stopSequence(spec, child, exited)),
-    Effect.fork
-  )
-  const exit = yield* Deferred.await(exited)
-  yield* Fiber.interrupt(stopper)
-  // drain what the VMM wrote last
-  yield* Effect.async<void>((resume) => {
-    let open = 2
-    const done = () => {
-      open -= 1
-      if (open === 0) resume(Effect.void)
-    }
-    if (child.stdout === null || child.stdout.readableEnded) done()
-    else child.stdout.once("close", done)
-    if (child.stderr === null || child.stderr.readableEnded) done()
-    else child.stderr.once("close", done)
-  }).pipe(Effect.timeout(Duration.seconds(1)), Effect.ignore)
+  // the stop runs once asked for, and stops at its next step once the VMM has exited
+  void stop.promise.then((reason) => {
+    if (exited.isSettled()) return
+    emit({ event: "stopping", reason })
+    return stopSequence(spec, child, exited.promise, exited.isSettled)
+  })
+  const exit = await exited.promise
+  // drain what the VMM wrote last (bounded)
+  await within(drained(child), 1000)
   console.close()
-  yield* emit({ event: "exited", code: exit.code, signal: exit.signal })
+  emit({ event: "exited", code: exit.code, signal: exit.signal })
   return 0
-})
+}
 
-// the entry point of its own process: the one place that runs an Effect
-Effect.runPromise(main).then(
+// the entry point of its own process
+main().then(
   (code) => process.exit(code),
   (error: unknown) => {
-    process.stderr.write(`abox-vmm: ${String(error)}\n`)
+    process.stderr.write(`abox-vmm: ${errorMessage(error)}\n`)
     process.exit(70)
   }
 )

@@ -1,58 +1,72 @@
-import * as Data from "effect/Data"
-import type * as Duration from "effect/Duration"
-import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
-import * as Schema from "effect/Schema"
-// Raw node:net: the helper is a small bundle on the start-up path of every VM; a unix socket
-// line protocol needs nothing more.
+// Raw node:net, no Effect: the QMP client runs inside the abox-vmm helper, a small plain-node
+// process on every VM's start-up path; a unix socket line protocol needs nothing more.
 import * as net from "node:net"
 
-/** A QMP reply line: greeting, command return, error, or an asynchronous event. */
-const QmpLine = Schema.Union(
-  Schema.Struct({ QMP: Schema.Unknown }),
-  Schema.Struct({ return: Schema.Unknown }),
-  Schema.Struct({ error: Schema.Struct({ class: Schema.String, desc: Schema.String }) }),
-  Schema.Struct({ event: Schema.String })
-)
-const decodeLine = Schema.decodeUnknownEither(Schema.parseJson(QmpLine))
-
-export class QmpError extends Data.TaggedError("QmpError")<{
-  readonly reason: string
-  readonly cause?: unknown
-}> {
-  override get message() {
-    return `QMP: ${this.reason}`
+export class QmpError extends Error {
+  readonly _tag = "QmpError"
+  constructor(
+    readonly reason: string,
+    options?: { readonly cause?: unknown }
+  ) {
+    super(`QMP: ${reason}`, options)
   }
 }
 
+type QmpLine =
+  | { readonly QMP: unknown }
+  | { readonly return: unknown }
+  | { readonly error: { readonly class: string; readonly desc: string } }
+  | { readonly event: string }
+
+/** A QMP reply line: greeting, command return, error, or an asynchronous event; else undefined. */
+const decodeLine = (line: string): QmpLine | undefined => {
+  let value: unknown
+  try {
+    value = JSON.parse(line)
+  } catch {
+    return undefined
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return undefined
+  const message = value as Record<string, unknown>
+  if ("QMP" in message || "return" in message) return message as QmpLine
+  if ("error" in message) {
+    const error = message["error"]
+    return typeof error === "object" &&
+      error !== null &&
+      typeof (error as Record<string, unknown>)["class"] === "string" &&
+      typeof (error as Record<string, unknown>)["desc"] === "string"
+      ? (message as QmpLine)
+      : undefined
+  }
+  if (typeof message["event"] === "string") return message as QmpLine
+  return undefined
+}
+
 /**
- * Run one QMP command (after the capabilities handshake) and return its `return` value.
- * `quit` may close the socket before answering; that counts as success.
+ * Run one QMP command (after the capabilities handshake) and resolve with its `return` value;
+ * rejects with a QmpError (the socket fails or closes, QEMU answers an error or a line that is
+ * not QMP, or no answer within `timeoutMs`). `quit` may close the socket before answering; that
+ * counts as success. The socket is always destroyed when it settles.
  */
-export const qmpCommand = (
-  socketPath: string,
-  execute: string,
-  timeout: Duration.DurationInput = "2 seconds"
-) =>
-  Effect.async<unknown, QmpError>((resume) => {
+export const qmpCommand = (socketPath: string, execute: string, timeoutMs = 2000): Promise<unknown> =>
+  new Promise((resolve, reject) => {
     const socket = net.connect(socketPath)
     let buffered = ""
     let stage: "greeting" | "capabilities" | "command" = "greeting"
     let done = false
-    const finish = (result: Either.Either<unknown, QmpError>) => {
+    const finish = (error: QmpError | undefined, value?: unknown) => {
       if (done) return
       done = true
+      clearTimeout(timer)
       socket.destroy()
-      resume(Either.isRight(result) ? Effect.succeed(result.right) : Effect.fail(result.left))
+      if (error === undefined) resolve(value)
+      else reject(error)
     }
+    const timer = setTimeout(() => finish(new QmpError(`${execute}: no answer in time`)), timeoutMs)
     socket.setEncoding("utf8")
-    socket.on("error", (cause) => finish(Either.left(new QmpError({ reason: cause.message, cause }))))
+    socket.on("error", (cause) => finish(new QmpError(cause.message, { cause })))
     socket.on("close", () =>
-      finish(
-        execute === "quit" && stage === "command"
-          ? Either.right(null)
-          : Either.left(new QmpError({ reason: "closed" }))
-      )
+      execute === "quit" && stage === "command" ? finish(undefined, null) : finish(new QmpError("closed"))
     )
     socket.on("data", (chunk: string) => {
       buffered += chunk
@@ -62,15 +76,10 @@ export const qmpCommand = (
         buffered = buffered.slice(newline + 1)
         newline = buffered.indexOf("\n")
         if (line === "") continue
-        const decoded = decodeLine(line)
-        if (Either.isLeft(decoded))
-          return finish(Either.left(new QmpError({ reason: `bad line: ${line.slice(0, 200)}` })))
-        const message = decoded.right
+        const message = decodeLine(line)
+        if (message === undefined) return finish(new QmpError(`bad line: ${line.slice(0, 200)}`))
         if ("event" in message) continue
-        if ("error" in message)
-          return finish(
-            Either.left(new QmpError({ reason: `${message.error.class}: ${message.error.desc}` }))
-          )
+        if ("error" in message) return finish(new QmpError(`${message.error.class}: ${message.error.desc}`))
         if (stage === "greeting" && "QMP" in message) {
           stage = "capabilities"
           socket.write(JSON.stringify({ execute: "qmp_capabilities" }) + "\n")
@@ -78,17 +87,8 @@ export const qmpCommand = (
           stage = "command"
           socket.write(JSON.stringify({ execute }) + "\n")
         } else if (stage === "command" && "return" in message) {
-          return finish(Either.right(message.return))
+          return finish(undefined, message.return)
         }
       }
     })
-    return Effect.sync(() => {
-      done = true
-      socket.destroy()
-    })
-  }).pipe(
-    Effect.timeoutFail({
-      duration: timeout,
-      onTimeout: () => new QmpError({ reason: `${execute}: no answer in time` })
-    })
-  )
+  })

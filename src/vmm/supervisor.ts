@@ -13,7 +13,6 @@
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
-import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 // Raw node:child_process / node:fs: the helper needs an inherited liveness pipe (fd 3) and the
@@ -183,8 +182,8 @@ export const superviseHelper = Effect.fn("VmmSupervisor.start")(function* (optio
   })
   readline.createInterface({ input: helper.stdout! }).on("line", (line) => {
     const decoded = decodeHelperEvent(line)
-    if (Either.isLeft(decoded)) return
-    const event = decoded.right
+    if (!decoded.ok) return
+    const event = decoded.value
     if (event.event === "started") Deferred.unsafeDone(started, Effect.succeed(event.pid))
     else if (event.event === "exited")
       Deferred.unsafeDone(exited, Effect.succeed({ exitCode: event.code, signal: event.signal }))

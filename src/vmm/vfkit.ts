@@ -9,16 +9,16 @@ import type * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
-// Raw node:http / node:fs / node:zlib: the REST client runs inside the abox-vmm helper (a small
-// bundle on every VM's start-up path), talking HTTP/1.1 over a unix socket; the kernel is
-// chosen (and, for an old image, decompressed once) synchronously, before the VMM starts.
+// Raw node:fs / node:zlib: the kernel is chosen (and, for an old image, decompressed once)
+// synchronously, before the VMM starts. The REST client itself is plain node (./vfkitRest.ts),
+// shared with the abox-vmm helper, which carries no Effect runtime.
 import * as fs from "node:fs"
-import * as http from "node:http"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
 import { KERNEL_IMAGE_FILE } from "../domain/sessionLayout.js"
 import type { RepoDisks } from "../domain/vm.js"
 import { errorMessage } from "../domain/errorMessage.js"
+import { vfkitRequest } from "./vfkitRest.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
 export const RPC_VSOCK_PORT = 1024
@@ -239,36 +239,10 @@ const request = (
   body: string | undefined,
   timeout: Duration.DurationInput
 ) =>
-  Effect.async<{ readonly status: number; readonly body: string }, VfkitRestError>((resume) => {
-    const req = http.request(
-      {
-        socketPath: socket,
-        method,
-        path: route,
-        headers: {
-          host: "localhost",
-          ...(body === undefined
-            ? {}
-            : { "content-type": "application/json", "content-length": Buffer.byteLength(body) })
-        }
-      },
-      (res) => {
-        let text = ""
-        res.setEncoding("utf8")
-        res.on("data", (chunk: string) => {
-          if (text.length < 64 * 1024) text += chunk
-        })
-        res.on("end", () => resume(Effect.succeed({ status: res.statusCode ?? 0, body: text })))
-        res.on("error", (cause) =>
-          resume(Effect.fail(new VfkitRestError({ socket, reason: cause.message, cause })))
-        )
-      }
-    )
-    req.on("error", (cause) =>
-      resume(Effect.fail(new VfkitRestError({ socket, reason: cause.message, cause })))
-    )
-    req.end(body)
-    return Effect.sync(() => req.destroy())
+  Effect.tryPromise({
+    try: (signal) => vfkitRequest({ socket, method, route, body, signal }),
+    catch: (cause) =>
+      new VfkitRestError({ socket, reason: errorMessage(cause), cause })
   }).pipe(
     Effect.timeoutFail({
       duration: timeout,

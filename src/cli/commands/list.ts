@@ -3,8 +3,9 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
+import * as fs from "node:fs/promises"
 import { formatBytes } from "../../lib/diskUsage.js"
-import { statusIfRunning } from "../../programs/detached.js"
+import { controlSocketPath } from "../../lib/socketPath.js"
 import { listSessions, type ListedSession } from "../../programs/list.js"
 import type { StatusReply } from "../../protocol/Control.js"
 import type { NameBinding } from "../../services/SessionStore.js"
@@ -65,6 +66,29 @@ const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
     .join("\n")
 }
 
+/**
+ * The status of a session's supervisor, None when nobody serves it. Without a control socket
+ * there is nobody to ask (what `statusIfRunning` would find at once), and the control client
+ * is not even loaded: most sessions are not detached, and `list` stays light (its start-up
+ * is a feature, docs/performance.md).
+ */
+const supervisorStatus = (row: ListedSession) =>
+  Effect.promise(() =>
+    fs.access(controlSocketPath(row.dir)).then(
+      () => true,
+      () => false
+    )
+  ).pipe(
+    Effect.flatMap((served) =>
+      served
+        ? Effect.flatMap(
+            Effect.promise(() => import("../../programs/detached.js")),
+            (detached) => detached.statusIfRunning(row.id)
+          )
+        : Effect.succeed(Option.none<StatusReply>())
+    )
+  )
+
 /** a detached session's supervisor as `list` shows it (null: nobody serves the session) */
 const supervisorJson = (status: StatusReply, now: number) => ({
   pid: status.pid,
@@ -92,9 +116,7 @@ export const list = Command.make("list", { json }, (args) =>
       const supervisors = yield* Effect.forEach(
         rows,
         (row) =>
-          row._tag === "Ok" && !row.legacy
-            ? statusIfRunning(row.id)
-            : Effect.succeed(Option.none<StatusReply>()),
+          row._tag === "Ok" && !row.legacy ? supervisorStatus(row) : Effect.succeed(Option.none<StatusReply>()),
         { concurrency: 8 }
       )
       const now = Date.now()
