@@ -25,14 +25,8 @@ import * as path from "node:path"
 import * as zlib from "node:zlib"
 import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
 import { QemuVmmLive } from "../src/layers/QemuVmm.js"
-import {
-  goldenOf,
-  imageDigest,
-  KERNEL_IMAGE_FILE,
-  listImages,
-  registerImage,
-  resolveImage
-} from "../src/lib/images.js"
+import { goldenOf, imageDigest, listImages, registerImage, resolveImage } from "../src/lib/images.js"
+import { KERNEL_IMAGE_FILE } from "../src/domain/sessionLayout.js"
 import { SHIPPED_KERNEL_IMAGE, uncompressedKernel } from "../src/vmm/vfkit.js"
 import { buildImage } from "../src/programs/image.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"

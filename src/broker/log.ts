@@ -9,6 +9,7 @@ import * as Schema from "effect/Schema"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { escapeControl } from "../lib/text.js"
+import { SESSION_FILES } from "../domain/sessionLayout.js"
 
 /**
  * broker.log: one JSON object per line, in the session directory, mode 0600. Never a secret
@@ -48,7 +49,7 @@ export type BrokerLogEntry = typeof BrokerLogEntry.Type
 const encodeLine = Schema.encodeSync(Schema.parseJson(BrokerLogEntry))
 const decodeLine = Schema.decodeUnknownEither(Schema.parseJson(BrokerLogEntry))
 
-export const BROKER_LOG_FILE = "broker.log"
+export const BROKER_LOG_FILE = SESSION_FILES.brokerLog
 /** the previous broker.log after a rotation (one generation is kept) */
 export const rotatedLogPath = (path: string) => `${path}.1`
 

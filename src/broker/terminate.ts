@@ -15,6 +15,7 @@ import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { normalizeHost } from "./host.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 export interface RequestRecord {
   readonly method: string
@@ -139,7 +140,7 @@ export const terminateTunnel = (
     yield* Effect.acquireRelease(
       Effect.try({
         try: () => startTermination(guest, options, credential),
-        catch: (cause) => new TerminateFailed({ message: cause instanceof Error ? cause.message : String(cause) })
+        catch: (cause) => new TerminateFailed({ message: errorMessage(cause) })
       }),
       (stop) => Effect.sync(stop)
     )

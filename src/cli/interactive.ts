@@ -6,7 +6,6 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs/promises"
-import * as path from "node:path"
 import { escapeControl } from "../lib/text.js"
 import * as Repo from "../programs/repo.js"
 import * as readline from "node:readline"
@@ -16,6 +15,7 @@ import type { TurnEvent } from "../services/GuestRpc.js"
 import type { AgentEvent } from "../protocol/Messages.js"
 import { CliExit } from "./render.js"
 import { agentOutput, printEvent, turnExitCode } from "./turnOutput.js"
+import { sessionFile } from "../domain/sessionLayout.js"
 
 /** `transcript.json`: the interactive mode's log of a session (the SDK never writes it). */
 export const TRANSCRIPT_FORMAT = 1
@@ -157,7 +157,7 @@ const recordAgentEvent = (record: AgentTurnRecord, event: AgentEvent): AgentTurn
  */
 export const interactive = (session: Session, options: { readonly lines?: "prompt" | "shell" } = {}) =>
   Effect.gen(function* () {
-    const transcriptFile = path.join(session.dir, "transcript.json")
+    const transcriptFile = sessionFile(session.dir, "transcript")
     let transcript = yield* loadTranscript(transcriptFile, session.id)
     const rl = yield* Effect.acquireRelease(
       Effect.sync(() =>

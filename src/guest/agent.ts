@@ -23,6 +23,7 @@ import type { PromptRunner } from "./prompts.js"
 import type { TurnOutcome, TurnRunner } from "./turns.js"
 import type { TtyTurnRunner } from "./ttyTurns.js"
 import { channelDuplex } from "./tunnels.js"
+import { errorMessage as errorText } from "../domain/errorMessage.js"
 
 /** where the host thinks the repository is; mapped onto --repo */
 export const GUEST_REPO_PATH = "/work/repo"
@@ -64,8 +65,6 @@ export type AgentEnd = "shutdown" | "disconnected" | "protocol_error"
 
 export const archName = (arch: string): string =>
   arch === "x64" ? "x86_64" : arch === "arm64" ? "aarch64" : arch
-
-const errorText = (error: unknown): string => (error instanceof Error ? error.message : String(error))
 
 /** a transfer target as the host names it (/work/repo/...) → a dir inside --repo, or undefined */
 export const resolveTarget = (target: string, repoDir: string): string | undefined => {

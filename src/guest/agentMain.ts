@@ -37,6 +37,7 @@ import { PromptRunner } from "./prompts.js"
 import { TurnRunner, turnEnv } from "./turns.js"
 import { BUSYBOX, TtyTurnRunner } from "./ttyTurns.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
+import { errorMessage as errorText } from "../domain/errorMessage.js"
 
 export const GUEST_VERSION = "0.1.0"
 export const GUEST_BUILD = `abox-guest ${GUEST_VERSION} (${process.platform}-${process.arch}, node ${process.versions.node})`
@@ -55,8 +56,6 @@ export const GuestExit = {
 const log = (line: string): void => {
   process.stderr.write(`abox-guest: ${line}\n`)
 }
-
-const errorText = (error: unknown): string => (error instanceof Error ? error.message : String(error))
 
 const readFully = async (handle: fs.FileHandle, buffer: Buffer, position: number): Promise<number> => {
   let filled = 0

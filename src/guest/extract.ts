@@ -31,6 +31,7 @@ import type { FileHandle } from "node:fs/promises"
 import * as path from "node:path"
 import { Parser } from "tar/parse"
 import type { ReadEntry } from "tar/read-entry"
+import { errorMessage } from "../domain/errorMessage.js"
 
 export class ExtractError extends Error {
   readonly reason: string
@@ -471,7 +472,7 @@ export const extractTar = async (
   if (failure !== undefined) {
     throw failure instanceof ExtractError
       ? failure
-      : new ExtractError(failure instanceof Error ? failure.message : String(failure))
+      : new ExtractError(errorMessage(failure))
   }
   return { files, bytes, skipped }
 }

@@ -9,6 +9,7 @@ import type { ControlMessage } from "../protocol/Messages.js"
 import type { MuxChannel } from "../protocol/Mux.js"
 import type { AgentLink } from "./agent.js"
 import type { TunnelOpenResult } from "./connectProxy.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /** a mux channel as a Duplex: reads follow the channel's credit, writes wait for it */
 export const channelDuplex = (channel: MuxChannel, onDestroy: () => void): Duplex => {
@@ -94,7 +95,7 @@ export class TunnelClient {
         this.pending.delete(id)
         resolve({
           ok: false,
-          reason: `cannot reach the host: ${error instanceof Error ? error.message : String(error)}`
+          reason: `cannot reach the host: ${errorMessage(error)}`
         })
       })
     })

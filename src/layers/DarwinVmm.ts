@@ -17,9 +17,8 @@
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
-// Raw node:fs: the PATH lookup is a plain access check, and a stale REST socket file is removed.
+// Raw node:fs: a stale REST socket file is removed.
 import * as fs from "node:fs"
-import * as path from "node:path"
 import { ensureSocketDir, maxSocketPathBytes, vfkitSocketPath } from "../lib/socketPath.js"
 import { hostArch } from "../lib/arch.js"
 import type { GuestArch } from "../domain/session.js"
@@ -28,6 +27,8 @@ import { VmmError, VmmUnavailable, type VmSpec } from "../domain/vm.js"
 import { minimalEnv } from "../vmm/argv.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { buildVfkitArgv, uncompressedKernel } from "../vmm/vfkit.js"
+import { sessionFile } from "../domain/sessionLayout.js"
+import { findExecutable } from "../lib/executable.js"
 
 export { fallbackSignalFor } from "../vmm/supervisor.js"
 
@@ -48,23 +49,6 @@ export interface DarwinVmmOptions {
 
 const vmmError = (reason: string, message: string) => new VmmError({ backend: "vz", reason, message })
 
-const findExecutable = (binary: string): string | undefined => {
-  const candidates = binary.includes("/")
-    ? [binary]
-    : (process.env.PATH ?? "/usr/local/bin:/opt/homebrew/bin:/usr/bin:/bin")
-        .split(":")
-        .concat(["/opt/homebrew/bin", "/usr/local/bin"])
-        .map((dir) => path.join(dir, binary))
-  return candidates.find((candidate) => {
-    try {
-      fs.accessSync(candidate, fs.constants.X_OK)
-      return fs.statSync(candidate).isFile()
-    } catch {
-      return false
-    }
-  })
-}
-
 export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
   Effect.sync(() => {
     const platform = options.platform ?? process.platform
@@ -74,7 +58,7 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
 
     const start = Effect.fn("DarwinVmm.start")(function* (spec: VmSpec) {
       const wanted = options.vfkit ?? "vfkit"
-      const vfkit = findExecutable(wanted)
+      const vfkit = findExecutable(wanted, ["/opt/homebrew/bin", "/usr/local/bin"])
       if (vfkit === undefined) {
         return yield* new VmmUnavailable({
           backend: "vz",
@@ -116,7 +100,7 @@ export const makeDarwinVmm = (options: DarwinVmmOptions = {}) =>
           env: minimalEnv(),
           // vfkit writes the guest serial into console.log itself (virtio-serial,logFilePath);
           // the helper keeps vfkit's own output, bounded, beside it
-          consoleLog: path.join(spec.sessionDir, "vfkit.log"),
+          consoleLog: sessionFile(spec.sessionDir, "vfkitLog"),
           consoleMaxBytes: options.vfkitLogMaxBytes ?? 1024 * 1024,
           restSocket,
           signal: fallbackSignal,

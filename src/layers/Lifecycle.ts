@@ -3,6 +3,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import { CACHE_FILES } from "../domain/sessionLayout.js"
 import { backendEnv, chooseBackend, vmmChoice } from "../lib/env.js"
 import { ImagesLive } from "./ImagesLive.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
@@ -57,7 +58,7 @@ const backends = Layer.unwrapEffect(
         ? DarwinVmmLive({ vfkit: env.vfkit })
         : QemuVmmLive({
             accel: env.accel,
-            accelCache: path.join(paths.home, "cache", "accel.json")
+            accelCache: path.join(paths.homeFile("cache"), CACHE_FILES.accel)
           })
     return Layer.merge(vmm, images)
   })

@@ -3,7 +3,7 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import * as Ref from "effect/Ref"
-// Raw node:fs: the accelerator record and the PATH lookup are plain file checks.
+// Raw node:fs: the accelerator record is a small file read and written in place.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import type { GuestArch } from "../domain/session.js"
@@ -14,6 +14,8 @@ import { kvmOpens, probeKvm } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
 import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
+import { SESSION_FILES } from "../domain/sessionLayout.js"
+import { findExecutable } from "../lib/executable.js"
 
 export interface QemuVmmOptions {
   /** guest architecture this backend runs (default: the host's) */
@@ -56,19 +58,6 @@ const accelCacheKey = (qemu: string, arch: GuestArch): string => {
 const AccelCache = Schema.Struct({ key: Schema.String, accel: Schema.Literal("kvm", "tcg", "hvf") })
 const decodeAccelCache = Schema.decodeUnknownOption(Schema.parseJson(AccelCache))
 const encodeAccelCache = Schema.encodeSync(Schema.parseJson(AccelCache))
-
-const which = (binary: string): string | undefined => {
-  for (const dir of (process.env.PATH ?? "/usr/bin:/bin").split(":")) {
-    const candidate = path.join(dir, binary)
-    try {
-      fs.accessSync(candidate, fs.constants.X_OK)
-      return candidate
-    } catch {
-      // not here
-    }
-  }
-  return undefined
-}
 
 const vmmError = (reason: string, message: string) => new VmmError({ backend: "qemu", reason, message })
 
@@ -118,7 +107,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       })
 
     const start = Effect.fn("QemuVmm.start")(function* (spec: VmSpec) {
-      const qemu = which(binary)
+      const qemu = findExecutable(binary)
       if (qemu === undefined) {
         return yield* new VmmUnavailable({
           backend: "qemu",
@@ -127,7 +116,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       }
       const accel = yield* chooseAccel(qemu)
       // <dir>/qmp.sock, or a short path where that is too long for a unix socket
-      const qmpSocket = sessionSocketPath(spec.sessionDir, "qmp.sock")
+      const qmpSocket = sessionSocketPath(spec.sessionDir, SESSION_FILES.qmpSocket)
       yield* ensureSocketDir(qmpSocket).pipe(Effect.mapError((e) => vmmError("qmp", e.message)))
       yield* Effect.sync(() => fs.rmSync(qmpSocket, { force: true }))
       const args = buildQemuArgv({ ...spec, accel, qmpSocket })

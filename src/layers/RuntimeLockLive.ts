@@ -7,11 +7,13 @@ import { createRequire } from "node:module"
 import * as path from "node:path"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type HeldLock, LockError, RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
+import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
- * The per-session runtime lock: `sessions/<id>/lock` (0600, created when absent, never
- * deleted), locked exclusively and without waiting through `fs-native-extensions`:
- * flock(2) on macOS, open-file-description locks (F_OFD_SETLK) on Linux. Both belong to the
+ * The per-session runtime lock: `<session dir>/lock` in the directory SessionStore located (the
+ * current home or the legacy one; 0600, created when absent, never deleted), locked exclusively
+ * and without waiting through `fs-native-extensions`: flock(2) on macOS, open-file-description locks (F_OFD_SETLK) on Linux. Both belong to the
  * open file description, not to the process, so:
  *
  * - every `acquire` opens the file afresh: a second acquire in the same process (another
@@ -34,20 +36,14 @@ interface NativeLocks {
 // a CommonJS native addon without type declarations; the bundle keeps it external
 const nativeLocks = createRequire(import.meta.url)("fs-native-extensions") as NativeLocks
 
-const LOCK_FILE = "lock"
-
 const errorCode = (cause: unknown): string | undefined =>
   typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string"
     ? cause.code
     : undefined
 
-const describe = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 /** what a session id may look like on disk: one path segment */
 const isPlainSegment = (id: string): boolean =>
   id.length > 0 && id !== "." && id !== ".." && !id.includes("/") && !id.includes("\\") && !id.includes("\0")
-
-export const lockPathFor = (sessionDir: string): string => path.join(sessionDir, LOCK_FILE)
 
 export const RuntimeLockLive = Layer.effect(
   RuntimeLock,
@@ -63,7 +59,7 @@ export const RuntimeLockLive = Layer.effect(
             message:
               errorCode(cause) === "ENOENT"
                 ? `session ${sessionId} has no directory (${path.dirname(lockPath)})`
-                : `cannot open the lock file: ${describe(cause)}`
+                : `cannot open the lock file: ${errorMessage(cause)}`
           })
       })
 
@@ -86,7 +82,7 @@ export const RuntimeLockLive = Layer.effect(
           // F_OFD_SETLK may report a conflict as EACCES instead of EAGAIN
           errorCode(cause) === "EACCES" || errorCode(cause) === "EAGAIN"
             ? busy(sessionId)
-            : new LockError({ path: lockPath, message: `cannot lock: ${describe(cause)}` })
+            : new LockError({ path: lockPath, message: `cannot lock: ${errorMessage(cause)}` })
       }).pipe(
         Effect.filterOrFail(
           (locked) => locked,
@@ -96,14 +92,15 @@ export const RuntimeLockLive = Layer.effect(
         Effect.asVoid
       )
 
-    const acquire = Effect.fn("RuntimeLock.acquire")(function* (sessionId: string) {
+    const acquire = Effect.fn("RuntimeLock.acquire")(function* (session: SessionLocation | string) {
+      const sessionId = typeof session === "string" ? session : session.id
       if (!isPlainSegment(sessionId)) {
         return yield* new LockError({
           path: sessionId,
           message: `not a session id: ${JSON.stringify(sessionId)}`
         })
       }
-      const lockPath = lockPathFor(paths.sessionDir(sessionId))
+      const lockPath = sessionFile(typeof session === "string" ? paths.sessionDir(sessionId) : session.dir, "lock")
       let handedOff = false
       const held: HeldLock = yield* Effect.acquireRelease(
         open(sessionId, lockPath).pipe(

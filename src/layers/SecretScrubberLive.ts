@@ -27,6 +27,8 @@ import {
 import { GuestConfig } from "../protocol/GuestConfig.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services/SecretScrubber.js"
+import { HOME_FILES, SESSION_FILES } from "../domain/sessionLayout.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
  * The secret scrubber, run on every start over `config.raw` and `guest-config.json` of every
@@ -51,7 +53,7 @@ import { type ScrubFinding, type ScrubReport, SecretScrubber } from "../services
  *   Outside a dry run, `changed` says the file was replaced.
  */
 
-export const SCRUBBED_FILES = ["config.raw", "guest-config.json"] as const
+export const SCRUBBED_FILES = [SESSION_FILES.configDisk, SESSION_FILES.guestConfig] as const
 
 export interface FileScrub {
   /** the bytes the file should hold (the input itself when clean) */
@@ -158,11 +160,9 @@ export const scrubGuestConfigJson = (bytes: Uint8Array): FileScrub => {
 }
 
 const scrubberFor: Record<(typeof SCRUBBED_FILES)[number], (bytes: Uint8Array) => FileScrub> = {
-  "config.raw": scrubConfigDisk,
-  "guest-config.json": scrubGuestConfigJson
+  [SESSION_FILES.configDisk]: scrubConfigDisk,
+  [SESSION_FILES.guestConfig]: scrubGuestConfigJson
 }
-
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
 const errorCode = (cause: unknown): string | undefined =>
   typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string"
@@ -188,7 +188,7 @@ const ScrubCache = Schema.Struct({
 })
 const decodeScrubCache = Schema.decodeUnknownEither(Schema.parseJson(ScrubCache))
 
-export const SCRUB_CACHE_FILE = "scrub-cache.json"
+export const SCRUB_CACHE_FILE = HOME_FILES.scrubCache
 
 const statKey = (stat: nodeFs.Stats): string =>
   `${stat.dev}:${stat.ino}:${stat.size}:${stat.mtimeMs}:${stat.ctimeMs}`
@@ -254,7 +254,7 @@ const scanHomes = (
       entries = nodeFs.readdirSync(home, { withFileTypes: true })
     } catch (cause) {
       // an absent home (the legacy one, usually) is simply empty
-      if (errorCode(cause) !== "ENOENT") problems.push({ path: home, reason: reasonOf(cause) })
+      if (errorCode(cause) !== "ENOENT") problems.push({ path: home, reason: errorMessage(cause) })
       continue
     }
     const sessionIds = entries
@@ -279,7 +279,7 @@ const scanHomes = (
           if (result.count > 0 || result.changed) dirty.push({ file, sessionId, legacy, result })
           else if (stat.ctimeMs <= recordableBeforeMs) clean.set(file, key)
         } catch (cause) {
-          if (errorCode(cause) !== "ENOENT") problems.push({ path: file, reason: reasonOf(cause) })
+          if (errorCode(cause) !== "ENOENT") problems.push({ path: file, reason: errorMessage(cause) })
         }
       }
     }

@@ -7,8 +7,9 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { createRequire } from "node:module"
-// Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock and a
-// chmod that must not depend on the umask.
+// Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock, a
+// chmod that must not depend on the umask, and the synchronous stat of `dir`.
+import * as nodeFsSync from "node:fs"
 import * as nodeFs from "node:fs/promises"
 import * as path from "node:path"
 import { describeParseError } from "../lib/parseErrors.js"
@@ -33,6 +34,14 @@ import {
   type SessionStoreShape,
   StoreIoError
 } from "../services/SessionStore.js"
+import {
+  creatingDirName,
+  nameFileName,
+  nameLockPath,
+  removingDirName,
+  sessionFile,
+  type SessionLocation
+} from "../domain/sessionLayout.js"
 
 export const NAME_FORMAT = 1
 
@@ -52,8 +61,6 @@ const LIST_CONCURRENCY = 32
 const decodeJsonText = Schema.decodeUnknownEither(Schema.parseJson())
 const FormatField = Schema.Struct({ format: Schema.Number })
 const decodeFormatField = Schema.decodeUnknownOption(FormatField)
-
-type Located = { readonly id: string; readonly dir: string; readonly legacy: boolean }
 
 interface FsLock {
   readonly waitForLock: (fd: number) => Promise<boolean>
@@ -83,8 +90,6 @@ export const makeSessionStore = Effect.gen(function* () {
   const fs = yield* FileSystem.FileSystem
   const paths = yield* AboxPaths
   const ids = makeIdGenerator()
-  /** ids found in the legacy home, so that `dir` (synchronous) can answer for them */
-  const legacyIds = new Set<string>()
   /** serialises name writers in this process; the flock serialises processes */
   const nameMutex = yield* Effect.makeSemaphore(1)
 
@@ -141,7 +146,7 @@ export const makeSessionStore = Effect.gen(function* () {
     })
 
   /** the session directory of `id`: the current home first, then the legacy one */
-  const locate = (id: string): Effect.Effect<Located, SessionNotFound | StoreIoError> =>
+  const locateId = (id: string): Effect.Effect<SessionLocation, SessionNotFound | StoreIoError> =>
     Effect.gen(function* () {
       if (!isSafeSegment(id)) return yield* new SessionNotFound({ ref: id, message: `no session "${id}"` })
       for (const [dir, legacy] of [
@@ -154,16 +159,15 @@ export const makeSessionStore = Effect.gen(function* () {
           Effect.mapError(ioError(dir, "stat"))
         )
         if (Option.isSome(info) && info.value.type === "Directory") {
-          if (legacy) legacyIds.add(id)
           return { id, dir, legacy }
         }
       }
       return yield* new SessionNotFound({ ref: id, message: `no session "${id}"` })
     })
 
-  const readMeta = (at: Located): Effect.Effect<SessionMeta, ReadError> =>
+  const readMeta = (at: SessionLocation): Effect.Effect<SessionMeta, ReadError> =>
     Effect.gen(function* () {
-      const file = path.join(at.dir, "session.json")
+      const file = sessionFile(at.dir, "meta")
       const meta = yield* readJson(file, at.id, SessionMeta, SESSION_FORMAT)
       if (meta.id !== at.id) {
         const reason = `it records id "${meta.id}" but lives in directory "${at.id}"`
@@ -172,7 +176,7 @@ export const makeSessionStore = Effect.gen(function* () {
       return meta
     })
 
-  const refuseLegacy = (at: Located, operation: string) =>
+  const refuseLegacy = (at: SessionLocation, operation: string) =>
     at.legacy
       ? Effect.fail(
           new StoreIoError({
@@ -184,7 +188,7 @@ export const makeSessionStore = Effect.gen(function* () {
       : Effect.void
 
   const get = Effect.fn("SessionStore.get")(function* (id: string) {
-    return yield* readMeta(yield* locate(id))
+    return yield* readMeta(yield* locateId(id))
   })
 
   const listHome = (root: string, legacy: boolean) =>
@@ -197,7 +201,7 @@ export const makeSessionStore = Effect.gen(function* () {
       const rows = yield* Effect.forEach(
         candidates,
         (id) => {
-          const at: Located = { id, dir: path.join(root, id), legacy }
+          const at: SessionLocation = { id, dir: path.join(root, id), legacy }
           return readMeta(at).pipe(
             Effect.map((meta): Option.Option<SessionListing> => Option.some({ _tag: "Ok", ...at, meta })),
             Effect.catchAll((error) =>
@@ -209,7 +213,7 @@ export const makeSessionStore = Effect.gen(function* () {
                 const info = yield* fs.stat(at.dir).pipe(Effect.option)
                 if (Option.isNone(info) || info.value.type !== "Directory")
                   return Option.none<SessionListing>()
-                const file = path.join(at.dir, "session.json")
+                const file = sessionFile(at.dir, "meta")
                 const reason = "session.json is missing"
                 return Option.some<SessionListing>({
                   _tag: "Corrupt",
@@ -226,7 +230,6 @@ export const makeSessionStore = Effect.gen(function* () {
         },
         { concurrency: LIST_CONCURRENCY }
       )
-      if (legacy) for (const id of candidates) legacyIds.add(id)
       return rows.flatMap((row) => (Option.isSome(row) ? [row.value] : []))
     })
 
@@ -242,11 +245,11 @@ export const makeSessionStore = Effect.gen(function* () {
 
   // ---- names ----
 
-  const nameFile = (stem: string) => path.join(paths.names, `${stem}.json`)
+  const nameFile = (stem: string) => path.join(paths.names, nameFileName(stem))
 
   /** hold the `<stem>.json.lock` flock (and the in-process mutex) while `use` runs */
   const withNameLock = <A, E>(stem: string, use: Effect.Effect<A, E>): Effect.Effect<A, E | StoreIoError> => {
-    const lockPath = `${nameFile(stem)}.lock`
+    const lockPath = nameLockPath(nameFile(stem))
     return nameMutex.withPermits(1)(
       Effect.scoped(
         Effect.gen(function* () {
@@ -301,7 +304,7 @@ export const makeSessionStore = Effect.gen(function* () {
   }
 
   const exists = (id: string) =>
-    locate(id).pipe(
+    locateId(id).pipe(
       Effect.as(true),
       Effect.catchTag("SessionNotFound", () => Effect.succeed(false))
     )
@@ -315,7 +318,7 @@ export const makeSessionStore = Effect.gen(function* () {
         message: `"${name}" is the id of a session, which refs resolve first: choose another name`
       })
     }
-    yield* locate(id)
+    yield* locateId(id)
     return yield* withNameLock(
       stem,
       Effect.gen(function* () {
@@ -450,16 +453,16 @@ export const makeSessionStore = Effect.gen(function* () {
     return files.flatMap((f) => (Option.isSome(f) ? [toBinding(f.value)] : []))
   })
 
-  const resolve = Effect.fn("SessionStore.resolve")(function* (ref: string) {
-    const direct = yield* locate(ref).pipe(Effect.option)
-    if (Option.isSome(direct)) return direct.value.id
+  const locate = Effect.fn("SessionStore.locate")(function* (ref: string) {
+    const direct = yield* locateId(ref).pipe(Effect.option)
+    if (Option.isSome(direct)) return direct.value
     const binding = yield* lookupName(ref).pipe(
       Effect.catchTag(
         "SessionNotFound",
         () => new SessionNotFound({ ref, message: `no session or session name "${ref}"` })
       )
     )
-    const target = yield* locate(binding.sessionId).pipe(
+    const target = yield* locateId(binding.sessionId).pipe(
       Effect.catchTag(
         "SessionNotFound",
         () =>
@@ -469,8 +472,21 @@ export const makeSessionStore = Effect.gen(function* () {
           })
       )
     )
-    return target.id
+    return target
   })
+
+  const resolve = Effect.fn("SessionStore.resolve")(function* (ref: string) {
+    return (yield* locate(ref)).id
+  })
+
+  /** synchronous (SessionStoreShape.dir): one stat per home, nothing remembered between calls */
+  const dir = (id: string): string => {
+    const current = paths.sessionDir(id)
+    if (!isSafeSegment(id)) return current
+    const isDirectory = (p: string) => nodeFsSync.statSync(p, { throwIfNoEntry: false })?.isDirectory() === true
+    const legacy = path.join(paths.legacySessions, id)
+    return !isDirectory(current) && isDirectory(legacy) ? legacy : current
+  }
 
   // ---- writes ----
 
@@ -493,7 +509,7 @@ export const makeSessionStore = Effect.gen(function* () {
       ...(input.policy !== undefined ? { policy: input.policy } : {})
     }
     // build the directory under a dot-name, then rename: a session appears whole or not at all
-    const staging = path.join(paths.sessions, `.${id}.creating`)
+    const staging = path.join(paths.sessions, creatingDirName(id))
     const dir = paths.sessionDir(id)
     yield* Effect.gen(function* () {
       yield* fs
@@ -504,8 +520,8 @@ export const makeSessionStore = Effect.gen(function* () {
         catch: () =>
           new StoreIoError({ path: staging, operation: "chmod", message: `cannot chmod ${staging}` })
       })
-      yield* writeJsonAtomic(path.join(staging, "session.json"), SessionMeta, meta, FILE_MODE).pipe(
-        Effect.mapError(ioError(path.join(staging, "session.json"), "write"))
+      yield* writeJsonAtomic(sessionFile(staging, "meta"), SessionMeta, meta, FILE_MODE).pipe(
+        Effect.mapError(ioError(sessionFile(staging, "meta"), "write"))
       )
       yield* fs.rename(staging, dir).pipe(Effect.mapError(ioError(dir, "rename")))
       yield* fsyncDir(paths.sessions).pipe(Effect.mapError(ioError(paths.sessions, "fsync")))
@@ -526,46 +542,46 @@ export const makeSessionStore = Effect.gen(function* () {
     id: string,
     f: (meta: SessionMeta) => SessionMeta
   ) {
-    const at = yield* locate(id)
+    const at = yield* locateId(id)
     yield* refuseLegacy(at, "update")
     const meta = yield* readMeta(at)
     const next: SessionMeta = { ...f(meta), format: SESSION_FORMAT, id: meta.id }
-    const file = path.join(at.dir, "session.json")
+    const file = sessionFile(at.dir, "meta")
     yield* writeJsonAtomic(file, SessionMeta, next, FILE_MODE).pipe(Effect.mapError(ioError(file, "write")))
     return next
   })
 
   const remove = Effect.fn("SessionStore.remove")(function* (id: string) {
-    const at = yield* locate(id)
+    const at = yield* locateId(id)
     yield* refuseLegacy(at, "remove")
     const names = yield* listNames()
     for (const binding of names.filter((b) => b.sessionId === id)) {
       yield* unbindName(binding.name).pipe(Effect.catchTag("SessionNotFound", () => Effect.void))
     }
     // rename first: the session disappears atomically even if the recursive delete is cut short
-    const doomed = path.join(paths.sessions, `.${id}.removing`)
+    const doomed = path.join(paths.sessions, removingDirName(id))
     yield* fs.rename(at.dir, doomed).pipe(Effect.mapError(ioError(at.dir, "rename")))
     yield* fsyncDir(paths.sessions).pipe(Effect.mapError(ioError(paths.sessions, "fsync")))
     yield* fs.remove(doomed, { recursive: true }).pipe(Effect.mapError(ioError(doomed, "remove")))
   })
 
   const readGuestConfig = Effect.fn("SessionStore.readGuestConfig")(function* (id: string) {
-    const at = yield* locate(id)
-    return yield* readJson(path.join(at.dir, "guest-config.json"), id, GuestConfig, GUEST_CONFIG_FORMAT)
+    const at = yield* locateId(id)
+    return yield* readJson(sessionFile(at.dir, "guestConfig"), id, GuestConfig, GUEST_CONFIG_FORMAT)
   })
 
   const writeGuestConfig = Effect.fn("SessionStore.writeGuestConfig")(function* (
     id: string,
     config: GuestConfig
   ) {
-    const at = yield* locate(id).pipe(
+    const at = yield* locateId(id).pipe(
       Effect.catchTag(
         "SessionNotFound",
         (e) => new StoreIoError({ path: paths.sessionDir(id), operation: "write", message: e.message })
       )
     )
     yield* refuseLegacy(at, "write guest-config.json")
-    const file = path.join(at.dir, "guest-config.json")
+    const file = sessionFile(at.dir, "guestConfig")
     yield* writeJsonAtomic(file, GuestConfig, config, FILE_MODE).pipe(Effect.mapError(ioError(file, "write")))
   })
 
@@ -575,9 +591,10 @@ export const makeSessionStore = Effect.gen(function* () {
     list,
     update,
     remove,
-    dir: (id) => (legacyIds.has(id) ? path.join(paths.legacySessions, id) : paths.sessionDir(id)),
+    dir,
     readGuestConfig,
     writeGuestConfig,
+    locate,
     resolve,
     bindName,
     lookupName,

@@ -7,6 +7,7 @@ import * as crypto from "node:crypto"
 // and link(2) for no-clobber creation; @effect/platform's FileSystem exposes neither.
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
  * The one way abox writes a file it owns (session.json, guest-config.json, config.raw,
@@ -39,12 +40,10 @@ const errorCode = (cause: unknown): string | undefined =>
     ? cause.code
     : undefined
 
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 const ioStep = <A>(file: string, operation: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
-    catch: (cause) => new AtomicWriteError({ path: file, operation, reason: reasonOf(cause), cause })
+    catch: (cause) => new AtomicWriteError({ path: file, operation, reason: errorMessage(cause), cause })
   })
 
 export const tempPathFor = (file: string): string =>
@@ -104,7 +103,7 @@ export const writeFileExclusive = Effect.fn("atomicFile.writeFileExclusive")(fun
     catch: (cause): AtomicWriteError | AlreadyExists =>
       errorCode(cause) === "EEXIST"
         ? new AlreadyExists({ path: file })
-        : new AtomicWriteError({ path: file, operation: "link", reason: reasonOf(cause), cause })
+        : new AtomicWriteError({ path: file, operation: "link", reason: errorMessage(cause), cause })
   }).pipe(Effect.ensuring(removeQuietly(temp)))
   yield* fsyncDir(path.dirname(file))
 })

@@ -11,6 +11,7 @@ import { encodeConfigDisk } from "../protocol/ConfigDisk.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 import { DiskError } from "../domain/image.js"
 import { writeFileAtomic } from "./atomicFile.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 export type CloneMethod = "reflink" | "sparse-copy"
 
@@ -20,12 +21,10 @@ export interface CloneResult {
   readonly allocated: number
 }
 
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
-    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${reasonOf(cause)}` })
+    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
   })
 
 /** free-space margin kept on top of what a copy needs: 64 MiB or 5 % of the image, whichever is larger */
@@ -84,7 +83,7 @@ export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, 
                 new DiskError({
                   path: target,
                   reason: "clone",
-                  message: `reflink ${source} → ${target}: ${reasonOf(cause)}`
+                  message: `reflink ${source} → ${target}: ${errorMessage(cause)}`
                 })
               )
             )
@@ -104,7 +103,7 @@ export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, 
       command.pipe(Command.stdout("inherit"), Command.stderr("inherit"))
     ).pipe(
       Effect.mapError(
-        (error) => new DiskError({ path: target, reason: "clone", message: `cp: ${reasonOf(error)}` })
+        (error) => new DiskError({ path: target, reason: "clone", message: `cp: ${errorMessage(error)}` })
       )
     )
     if (exit !== 0) {

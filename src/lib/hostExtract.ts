@@ -13,6 +13,7 @@ import * as Stream from "effect/Stream"
 import { ExtractError, extractTar } from "../guest/extract.js"
 import { ArchiveRefused } from "../domain/repoErrors.js"
 import { escapeControl } from "./text.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 export interface UntrustedLimits {
   /** file bytes in all */
@@ -48,7 +49,7 @@ export const extractUntrusted = <E>(
                 // the reason quotes names the guest chose: printable only
                 new ArchiveRefused({
                   reason: escapeControl(cause instanceof ExtractError ? cause.reason : String(cause)),
-                  message: `the guest's archive was refused: ${escapeControl(cause instanceof Error ? cause.message : String(cause))}`
+                  message: `the guest's archive was refused: ${escapeControl(errorMessage(cause))}`
                 })
               )
         )

@@ -20,7 +20,14 @@ import {
   ImageNotFound,
   type RegisteredImage
 } from "../domain/image.js"
+import {
+  DEFAULT_IMAGE_FILE,
+  IMAGE_FILES,
+  IMAGE_META_FILE,
+  KERNEL_IMAGE_FILE
+} from "../domain/sessionLayout.js"
 import { writeJsonAtomic } from "./atomicFile.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /**
  * The image registry: `$ABOX_HOME/images/<name>/<digest>/{vmlinuz,initrd.gz,root.raw,image.json}`,
@@ -28,15 +35,11 @@ import { writeJsonAtomic } from "./atomicFile.js"
  * An aarch64 image also holds `Image`, its kernel uncompressed (Virtualization.framework boots no
  * other kind), recorded as `files.kernelImage`.
  */
-export const IMAGE_FILES = { kernel: "vmlinuz", initrd: "initrd.gz", root: "root.raw" } as const
-/** the uncompressed kernel beside `vmlinuz` (aarch64 images; read by the vz backend) */
-export const KERNEL_IMAGE_FILE = "Image"
 
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
-    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${reasonOf(cause)}` })
+    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
   })
 
 export const sha256File = (file: string) =>
@@ -78,14 +81,14 @@ const readText = (file: string) =>
       typeof cause === "object" && cause !== null && "code" in cause && cause.code === "ENOENT"
         ? Effect.succeed(undefined)
         : Effect.fail(
-            new DiskError({ path: file, reason: "read", message: `read ${file}: ${reasonOf(cause)}` })
+            new DiskError({ path: file, reason: "read", message: `read ${file}: ${errorMessage(cause)}` })
           )
     )
   )
 
 export const readDefault = (imagesDir: string) =>
   Effect.gen(function* () {
-    const file = path.join(imagesDir, "default.json")
+    const file = path.join(imagesDir, DEFAULT_IMAGE_FILE)
     const text = yield* readText(file)
     if (text === undefined) return undefined
     return yield* decodeDefault(text).pipe(
@@ -105,7 +108,7 @@ export const writeDefault = (
   pointer: { readonly name: string; readonly digest: string }
 ) => {
   const value: DefaultPointer = { format: IMAGE_FORMAT, name: pointer.name, digest: pointer.digest }
-  return writeJsonAtomic(path.join(imagesDir, "default.json"), DefaultPointer, value).pipe(
+  return writeJsonAtomic(path.join(imagesDir, DEFAULT_IMAGE_FILE), DefaultPointer, value).pipe(
     Effect.mapError((error) => new DiskError({ path: imagesDir, reason: "write", message: error.message }))
   )
 }
@@ -130,7 +133,7 @@ export const listImages = (imagesDir: string) =>
     for (const name of yield* listDir(imagesDir)) {
       for (const digest of yield* listDir(path.join(imagesDir, name))) {
         const dir = path.join(imagesDir, name, digest)
-        const file = path.join(dir, "image.json")
+        const file = path.join(dir, IMAGE_META_FILE)
         const text = yield* readText(file).pipe(Effect.orElseSucceed(() => undefined))
         if (text === undefined) {
           problems.push(`${file}: missing`)
@@ -256,7 +259,7 @@ export const registerImage = Effect.fn("images.register")(function* (
   ]) {
     yield* io(file, "chmod", () => fs.chmod(path.join(staging, file), 0o444))
   }
-  yield* writeJsonAtomic(path.join(staging, "image.json"), ImageJson, meta, 0o444).pipe(
+  yield* writeJsonAtomic(path.join(staging, IMAGE_META_FILE), ImageJson, meta, 0o444).pipe(
     Effect.mapError((error) => new DiskError({ path: staging, reason: "write", message: error.message }))
   )
   const parent = path.join(imagesDir, identity.name)
@@ -300,8 +303,8 @@ export const removeImage = Effect.fn("images.remove")(function* (
   const trash = path.join(imagesDir, `.rm-${image.meta.digest}-${crypto.randomBytes(4).toString("hex")}`)
   yield* io(image.dir, "rename", () => fs.rename(image.dir, trash))
   if (image.isDefault)
-    yield* io(path.join(imagesDir, "default.json"), "remove", () =>
-      fs.rm(path.join(imagesDir, "default.json"), { force: true })
+    yield* io(path.join(imagesDir, DEFAULT_IMAGE_FILE), "remove", () =>
+      fs.rm(path.join(imagesDir, DEFAULT_IMAGE_FILE), { force: true })
     )
   yield* io(trash, "remove", () => fs.rm(trash, { recursive: true, force: true }))
   const parent = path.dirname(image.dir)

@@ -9,8 +9,7 @@ import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import { ControlError, MAX_CONTROL_LINE } from "../protocol/Control.js"
-
-const describe = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+import { errorMessage } from "../domain/errorMessage.js"
 
 /** A unix socket read as lines (each at most `max` bytes) until the caller takes it raw. */
 export class LineSocket {
@@ -86,7 +85,7 @@ export class LineSocket {
 export const readLine = (lines: LineSocket): Effect.Effect<Option.Option<string>, ControlError> =>
   Effect.tryPromise({
     try: () => lines.next(),
-    catch: (cause) => new ControlError({ reason: "read", message: `control socket: ${describe(cause)}` })
+    catch: (cause) => new ControlError({ reason: "read", message: `control socket: ${errorMessage(cause)}` })
   }).pipe(Effect.map((line) => Option.fromNullable(line)))
 
 /** every line until the end of the stream */
@@ -116,7 +115,7 @@ export const writeBytes = (
       resume(
         error === undefined || error === null
           ? Effect.void
-          : Effect.fail(new ControlError({ reason: "write", message: `control socket: ${describe(error)}` }))
+          : Effect.fail(new ControlError({ reason: "write", message: `control socket: ${errorMessage(error)}` }))
       )
     )
   })
@@ -171,7 +170,7 @@ export const listenUnix = (socketPath: string) =>
         catch: (cause) =>
           new ControlError({
             reason: "stale",
-            message: `${socketPath}: cannot remove the stale socket: ${describe(cause)}`
+            message: `${socketPath}: cannot remove the stale socket: ${errorMessage(cause)}`
           })
       })
     }
@@ -187,7 +186,7 @@ export const listenUnix = (socketPath: string) =>
         })
         server.once("error", (cause) =>
           resume(
-            Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: ${describe(cause)}` }))
+            Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: ${errorMessage(cause)}` }))
           )
         )
         // created 0600 from the start (umask; the bind happens within listen()), then made sure of it
@@ -199,7 +198,7 @@ export const listenUnix = (socketPath: string) =>
             server.close()
             resume(
               Effect.fail(
-                new ControlError({ reason: "listen", message: `${socketPath}: chmod: ${describe(cause)}` })
+                new ControlError({ reason: "listen", message: `${socketPath}: chmod: ${errorMessage(cause)}` })
               )
             )
             return
@@ -229,7 +228,7 @@ export const socketBytes = (socket: net.Socket): Stream.Stream<Uint8Array, Contr
     {
       [Symbol.asyncIterator]: () => socket.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>
     },
-    (cause) => new ControlError({ reason: "read", message: `socket: ${describe(cause)}` })
+    (cause) => new ControlError({ reason: "read", message: `socket: ${errorMessage(cause)}` })
   )
 
 /**
@@ -251,7 +250,7 @@ export const listenLoopback = (port: number) =>
         server.once("error", (cause) =>
           resume(
             Effect.fail(
-              new ControlError({ reason: "listen", message: `127.0.0.1:${port}: ${describe(cause)}` })
+              new ControlError({ reason: "listen", message: `127.0.0.1:${port}: ${errorMessage(cause)}` })
             )
           )
         )

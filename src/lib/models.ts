@@ -16,7 +16,6 @@ import type { ModelSpec } from "../protocol/GuestConfig.js"
 import { presetRules, type AllowRule, type CredentialRule, type PolicyRules } from "../broker/policy.js"
 
 export const MODEL_CATALOG_FORMAT = 1
-export const MODEL_CATALOG_FILE = "models.json"
 
 export const ModelEntry = Schema.Struct({
   provider: Schema.Literal("anthropic", "openai"),

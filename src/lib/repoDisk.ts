@@ -26,6 +26,8 @@ import { DiskError } from "../domain/image.js"
 import type { RepoDiskFormat, RepoDisks } from "../domain/vm.js"
 import { checkFreeSpace } from "./disk.js"
 import type { SourceScan } from "./snapshot.js"
+import { sessionFile } from "../domain/sessionLayout.js"
+import { findExecutable } from "./executable.js"
 
 /** uid:gid of the repository user in abox images (images/build-*.sh: `agent`, 1000:1000) */
 export const REPO_OWNER = { uid: 1000, gid: 1000 } as const
@@ -37,8 +39,8 @@ const BASE_LABEL = "abox-base"
 export const MIN_REPO_DISK_BYTES = 8 * 1024 * 1024 * 1024
 
 export const repoDiskFiles = (dir: string, format: RepoDiskFormat) => ({
-  base: path.join(dir, "repo-base.raw"),
-  repo: path.join(dir, format === "qcow2" ? "repo.qcow2" : "repo.raw")
+  base: sessionFile(dir, "repoBase"),
+  repo: sessionFile(dir, format === "qcow2" ? "repoQcow2" : "repoRaw")
 })
 
 /** the disks a session directory holds, if any (sessions made before them have none) */
@@ -68,18 +70,7 @@ const TOOL_DIRS = [
 
 /** a tool by name on PATH or in the sbin directories (mkfs.ext4 is not on a user's PATH everywhere) */
 export const findTool = (name: string): Effect.Effect<string | undefined> =>
-  Effect.promise(async () => {
-    const dirs = [...(process.env.PATH ?? "").split(path.delimiter).filter((d) => d !== ""), ...TOOL_DIRS]
-    for (const dir of dirs) {
-      const candidate = path.join(dir, name)
-      const ok = await fs.access(candidate, fs.constants.X_OK).then(
-        () => true,
-        () => false
-      )
-      if (ok) return candidate
-    }
-    return undefined
-  })
+  Effect.sync(() => findExecutable(name, TOOL_DIRS))
 
 /** the tools a repository disk needs, or undefined (then Open streams a tar instead) */
 export const repoDiskTools = (format: RepoDiskFormat) =>

@@ -7,6 +7,7 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import * as tar from "tar"
 import { TransferFailed } from "../domain/transfer.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 export class SourceInvalid extends Schema.TaggedError<SourceInvalid>()("SourceInvalid", {
   path: Schema.String,
@@ -40,8 +41,6 @@ export interface Snapshot {
 
 const kept = (stat: Stats): boolean => stat.isFile() || stat.isDirectory() || stat.isSymbolicLink()
 
-const errorText = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 /** The source directory, resolved once: a path that is itself a symlink names its target. */
 export const resolveSource = Effect.fn("resolveSource")(function* (source: string) {
   const given = path.resolve(source)
@@ -50,7 +49,7 @@ export const resolveSource = Effect.fn("resolveSource")(function* (source: strin
     catch: (cause) =>
       new SourceInvalid({
         path: given,
-        message: `cannot read source directory ${given}: ${errorText(cause)}`
+        message: `cannot read source directory ${given}: ${errorMessage(cause)}`
       })
   })
   const stat = yield* Effect.tryPromise({
@@ -61,7 +60,7 @@ export const resolveSource = Effect.fn("resolveSource")(function* (source: strin
         message:
           (cause as { code?: unknown }).code === "ENOENT"
             ? `source ${root} does not exist`
-            : `cannot read source directory ${root}: ${errorText(cause)}`
+            : `cannot read source directory ${root}: ${errorMessage(cause)}`
       })
   })
   if (!stat.isDirectory()) {
@@ -77,7 +76,7 @@ export const resolveSource = Effect.fn("resolveSource")(function* (source: strin
  */
 export const scanSource = Effect.fn("scanSource")(function* (root: string) {
   const unreadable = (file: string, cause: unknown) =>
-    new SourceInvalid({ path: file, message: `cannot read ${file} in the source: ${errorText(cause)}` })
+    new SourceInvalid({ path: file, message: `cannot read ${file} in the source: ${errorMessage(cause)}` })
   return yield* Effect.tryPromise({
     try: async (): Promise<SourceScan> => {
       let files = 0
@@ -181,7 +180,7 @@ export const tarSnapshot = (root: string, entries: ReadonlyArray<string> = ["."]
     return Stream.fromAsyncIterable(
       iterable,
       (cause) =>
-        new TransferFailed({ reason: "snapshot", message: `snapshot of ${root} failed: ${errorText(cause)}` })
+        new TransferFailed({ reason: "snapshot", message: `snapshot of ${root} failed: ${errorMessage(cause)}` })
     )
   })
   return { tar: tarStream, skipped }

@@ -5,6 +5,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
+import { SESSION_FILES } from "../domain/sessionLayout.js"
 
 /**
  * Unix socket paths live in `sockaddr_un.sun_path`: 104 bytes on macOS (and the BSDs), 108 on
@@ -39,21 +40,21 @@ export const sessionSocketPath = (
 }
 
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (see `sessionSocketPath`) */
-export const controlSocketPath = (sessionDir: string): string => sessionSocketPath(sessionDir, "control.sock")
+export const controlSocketPath = (sessionDir: string): string => sessionSocketPath(sessionDir, SESSION_FILES.controlSocket)
 
 /** the host end of the guest RPC channel of a session (see `sessionSocketPath`) */
 export const rpcSocketPath = (
   sessionDir: string,
   platform: NodeJS.Platform = process.platform,
   uid?: number
-): string => sessionSocketPath(sessionDir, "rpc.sock", platform, uid)
+): string => sessionSocketPath(sessionDir, SESSION_FILES.rpcSocket, platform, uid)
 
 /** vfkit's RESTful API socket of a session (see `sessionSocketPath`) */
 export const vfkitSocketPath = (
   sessionDir: string,
   platform: NodeJS.Platform = process.platform,
   uid?: number
-): string => sessionSocketPath(sessionDir, "vfkit.sock", platform, uid)
+): string => sessionSocketPath(sessionDir, SESSION_FILES.vfkitSocket, platform, uid)
 
 export class SocketDirError extends Data.TaggedError("SocketDirError")<{
   readonly dir: string

@@ -168,7 +168,7 @@ const cliEntry = Effect.gen(function* () {
 export const startDetached = Effect.fn("detached.start")(function* (spec: SuperviseSpec) {
   const paths = yield* AboxPaths
   const cli = yield* cliEntry
-  const logFile = path.join(paths.home, "supervisor.log")
+  const logFile = paths.homeFile("supervisorLog")
   const log = yield* Effect.try({
     try: () => {
       fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 })
@@ -245,8 +245,8 @@ export interface ControlConnection {
  */
 export const connect = Effect.fn("detached.connect")(function* (ref: string) {
   const store = yield* SessionStore
-  const sessionId = yield* store.resolve(ref)
-  const socketPath = controlSocketPath(store.dir(sessionId))
+  const { id: sessionId, dir } = yield* store.locate(ref)
+  const socketPath = controlSocketPath(dir)
   const socket = yield* Effect.acquireRelease(
     connectUnix(socketPath).pipe(
       Effect.mapError((failure) =>

@@ -1,7 +1,6 @@
 import * as Effect from "effect/Effect"
 import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
-import * as path from "node:path"
 import { kvmUsable } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
 import { qemuBinary } from "../vmm/argv.js"
@@ -130,7 +129,7 @@ export const doctor = Effect.fn("doctor")(function* () {
         }
   )
 
-  checks.push(yield* brokerCheck(path.join(paths.home, "broker.json")))
+  checks.push(yield* brokerCheck(paths.homeFile("brokerPolicy")))
 
   const report = yield* scrubber.scrub({ dryRun: true })
   const pending = report.findings.filter((f) => f.count > 0).length

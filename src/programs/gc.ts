@@ -6,8 +6,7 @@ import * as path from "node:path"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError } from "../services/SessionStore.js"
-
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+import { errorMessage } from "../domain/errorMessage.js"
 
 export interface GcAction {
   readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm"
@@ -92,7 +91,7 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
         new StoreIoError({
           path: file,
           operation: "remove",
-          message: `cannot remove ${file}: ${reasonOf(cause)}`
+          message: `cannot remove ${file}: ${errorMessage(cause)}`
         })
     })
 
@@ -104,7 +103,7 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
     const temps = files.filter((f) => f.startsWith(".") && f.includes(".tmp-"))
     if (sockets.length === 0 && temps.length === 0) continue
     // only when nobody holds the session: a running VM's sockets and writes are its own
-    const free = yield* Effect.scoped(lock.acquire(row.id)).pipe(
+    const free = yield* Effect.scoped(lock.acquire(row)).pipe(
       Effect.as(true),
       Effect.orElseSucceed(() => false)
     )

@@ -19,6 +19,8 @@ import { AboxPaths } from "../services/AboxPaths.js"
 import { GuestArch } from "../domain/session.js"
 import { type AgentStart, IMAGE_NAME } from "../domain/image.js"
 import { listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
+import { IMAGE_FILES, sessionFile } from "../domain/sessionLayout.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /** `abox image build` could not build (a recipe step failed, an input is missing) */
 export class ImageBuildFailed extends Schema.TaggedError<ImageBuildFailed>()("ImageBuildFailed", {
@@ -83,8 +85,6 @@ export type ImageBuildPhase = "download" | "build" | "first boot" | "register" |
 const RECIPE_BUILD_MARK = "abox-phase: build"
 
 const fail = (step: string, message: string) => new ImageBuildFailed({ step, message })
-const reasonOf = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
-
 /** the accelerator a session VM gets here: ABOX_QEMU_ACCEL, else what QemuVmm's `auto` picks */
 const sessionAccel = (arch: GuestArch): Effect.Effect<Accel, ConfigInvalid> =>
   Effect.flatMap(readEnv(qemuAccel), (wanted) =>
@@ -110,25 +110,25 @@ const buildAgentSnapshot = (staging: string, arch: GuestArch) =>
     const sockets = yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: () => fs.mkdtemp(path.join(os.tmpdir(), "abox-snap-")),
-        catch: (cause) => fail("first boot", `mkdtemp: ${reasonOf(cause)}`)
+        catch: (cause) => fail("first boot", `mkdtemp: ${errorMessage(cause)}`)
       }),
       (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }).catch(() => undefined))
     )
-    const configDisk = path.join(sockets, "config.raw")
+    const configDisk = sessionFile(sockets, "configDisk")
     yield* Effect.tryPromise({
       try: () => fs.writeFile(configDisk, Buffer.alloc(4096)),
-      catch: (cause) => fail("first boot", `${configDisk}: ${reasonOf(cause)}`)
+      catch: (cause) => fail("first boot", `${configDisk}: ${errorMessage(cause)}`)
     })
-    const rpcSocket = path.join(sockets, "rpc.sock")
+    const rpcSocket = sessionFile(sockets, "rpcSocket")
     const argv = buildQemuArgv({
       arch,
       accel: yield* sessionAccel(arch),
-      kernel: path.join(staging, "vmlinuz"),
-      initrd: path.join(staging, "initrd.gz"),
-      rootDisk: path.join(staging, "root.raw"),
+      kernel: path.join(staging, IMAGE_FILES.kernel),
+      initrd: path.join(staging, IMAGE_FILES.initrd),
+      rootDisk: path.join(staging, IMAGE_FILES.root),
       configDisk,
       rpcSocket,
-      qmpSocket: path.join(sockets, "qmp.sock"),
+      qmpSocket: sessionFile(sockets, "qmpSocket"),
       cpus: 2,
       memoryMiB: 1024,
       kernelArgs: ["abox.snapshot=build"]
@@ -150,7 +150,7 @@ const buildAgentSnapshot = (staging: string, arch: GuestArch) =>
     Effect.catchAll((error) =>
       Effect.sync(() => {
         process.stderr.write(
-          `image build: no agent snapshot (the image starts the plain bundle): ${reasonOf(error)}\n`
+          `image build: no agent snapshot (the image starts the plain bundle): ${errorMessage(error)}\n`
         )
         return "bundle" as const
       })
@@ -176,18 +176,18 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   )
   const recipe = path.join(root, "images", `build-${options.variant}.sh`)
   if (!existsSync(recipe)) return yield* fail("recipe", `recipe ${recipe} not found`)
-  const cache = options.cacheDir ?? path.join(paths.home, "cache")
+  const cache = options.cacheDir ?? paths.homeFile("cache")
   const onPhase = options.onPhase ?? (() => Effect.void)
 
   const staging = path.join(paths.images, `.build-${crypto.randomBytes(6).toString("hex")}`)
   yield* Effect.tryPromise({
     try: () => fs.mkdir(staging, { recursive: true, mode: 0o700 }),
-    catch: (cause) => fail("staging", `mkdir ${staging}: ${reasonOf(cause)}`)
+    catch: (cause) => fail("staging", `mkdir ${staging}: ${errorMessage(cause)}`)
   })
   const removeStaging = Effect.tryPromise(() => fs.rm(staging, { recursive: true, force: true })).pipe(
     Effect.catchAll((error) =>
       Effect.sync(() =>
-        process.stderr.write(`image build: could not remove ${staging}: ${reasonOf(error.cause)}\n`)
+        process.stderr.write(`image build: could not remove ${staging}: ${errorMessage(error.cause)}\n`)
       )
     )
   )
@@ -223,13 +223,13 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
         )
         return yield* recipeProcess.exitCode
       })
-    ).pipe(Effect.mapError((error) => fail("recipe", `${recipe}: ${reasonOf(error)}`)))
+    ).pipe(Effect.mapError((error) => fail("recipe", `${recipe}: ${errorMessage(error)}`)))
     if (exit !== 0)
       return yield* fail("recipe", `${path.basename(recipe)} exited ${exit} (its output is above)`)
     const infoFile = path.join(staging, "build.json")
     const text = yield* Effect.tryPromise({
       try: () => fs.readFile(infoFile, "utf8"),
-      catch: (cause) => fail("recipe", `${infoFile}: ${reasonOf(cause)}`)
+      catch: (cause) => fail("recipe", `${infoFile}: ${errorMessage(cause)}`)
     })
     const info = yield* decodeBuildInfo(text).pipe(
       Effect.mapError((error) =>
@@ -238,7 +238,7 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
     )
     yield* Effect.tryPromise({
       try: () => fs.rm(infoFile, { force: true }),
-      catch: (cause) => fail("recipe", `${infoFile}: ${reasonOf(cause)}`)
+      catch: (cause) => fail("recipe", `${infoFile}: ${errorMessage(cause)}`)
     })
     const agentStart: AgentStart =
       info.agentStart === "snapshot-entry"

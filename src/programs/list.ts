@@ -1,38 +1,34 @@
 import * as Effect from "effect/Effect"
 import * as fs from "node:fs/promises"
-import { lockPathFor } from "../layers/RuntimeLockLive.js"
 import { diskUsage } from "../lib/diskUsage.js"
-import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, type SessionListing } from "../services/SessionStore.js"
+import { SESSION_FILES, sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
 
 export type SessionStatus = "running" | "stopped"
 
 /**
  * Running or stopped, from the session's runtime lock: a running session's supervisor (and its
- * VM helper) holds it. The probe takes the lock for an instant and gives it back; the legacy
- * home is read-only and never runs (resume copies nothing there).
+ * VM helper) holds it. The probe takes the lock for an instant and gives it back, in the
+ * directory the session lives in (the legacy home too).
  */
 export const sessionStatus = Effect.fn("sessionStatus")(function* (
-  id: string,
+  session: SessionLocation,
   /** whether the session directory has a lock file, when the caller has read the directory already */
   hasLockFile?: boolean
 ) {
-  const store = yield* SessionStore
-  const paths = yield* AboxPaths
   const lock = yield* RuntimeLock
-  if (store.dir(id) !== paths.sessionDir(id)) return "stopped" as SessionStatus
   // a session that never ran has no lock file: nothing to probe, and nothing written by looking
   const hasLock =
     hasLockFile ??
     (yield* Effect.promise(() =>
-      fs.access(lockPathFor(paths.sessionDir(id))).then(
+      fs.access(sessionFile(session.dir, "lock")).then(
         () => true,
         () => false
       )
     ))
   if (!hasLock) return "stopped" as SessionStatus
-  return yield* Effect.scoped(lock.acquire(id)).pipe(
+  return yield* Effect.scoped(lock.acquire(session)).pipe(
     Effect.as("stopped" as SessionStatus),
     Effect.catchTag("SessionBusy", () => Effect.succeed("running" as SessionStatus)),
     // no lock file can be made (a directory without write access): not running under abox
@@ -56,8 +52,8 @@ export const listSessions = Effect.fn("listSessions")(function* () {
     (row) =>
       Effect.gen(function* () {
         let hasLockFile = false
-        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes("lock")))
-        return { bytes, status: yield* sessionStatus(row.id, hasLockFile) }
+        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes(SESSION_FILES.lock)))
+        return { bytes, status: yield* sessionStatus(row, hasLockFile) }
       }).pipe(
         Effect.map(({ status, bytes }): ListedSession => ({
           ...row,

@@ -3,9 +3,9 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { diskUsage } from "../lib/diskUsage.js"
-import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
 import { SessionStore, type NameBinding, type SessionMeta } from "../services/SessionStore.js"
+import type { SessionLocation } from "../domain/sessionLayout.js"
 
 /** what a removal deletes, told before it happens (the CLI's y/N prompt) and after */
 export type Removal =
@@ -31,15 +31,14 @@ export type Removal =
 /** lock a session of the current home (the legacy home is read-only: store.remove refuses it) and say what removing it loses */
 const prepare = Effect.fn("remove.prepare")(function* (
   ref: string,
-  id: string,
+  session: SessionLocation,
   names: ReadonlyArray<NameBinding>
 ) {
   const store = yield* SessionStore
   const lock = yield* RuntimeLock
-  const paths = yield* AboxPaths
-  const dir = store.dir(id)
-  if (dir === paths.sessionDir(id)) {
-    yield* lock.acquire(id).pipe(
+  const { id, dir } = session
+  if (!session.legacy) {
+    yield* lock.acquire(session).pipe(
       Effect.catchTag(
         "SessionBusy",
         () =>
@@ -90,15 +89,15 @@ export const remove = <E = never, R = never>(
       const removals: Array<Removal> = []
       const seen = new Set<string>()
       for (const ref of refs) {
-        const found = yield* store.resolve(ref).pipe(Effect.either)
+        const found = yield* store.locate(ref).pipe(Effect.either)
         if (found._tag === "Left") {
           const binding = yield* store.lookupName(ref).pipe(Effect.option)
           if (found.left._tag !== "SessionNotFound" || binding._tag === "None") return yield* found.left
           removals.push({ _tag: "Name", ref, name: ref, sessionId: binding.value.sessionId })
           continue
         }
-        if (seen.has(found.right)) continue
-        seen.add(found.right)
+        if (seen.has(found.right.id)) continue
+        seen.add(found.right.id)
         removals.push(yield* prepare(ref, found.right, names))
       }
       yield* confirm(removals)
@@ -150,7 +149,7 @@ export const prune = <E = never, R = never>(
         }
         const used = Date.parse(lastUsed(row.meta))
         if (!(used <= cutoff)) continue
-        const prepared = yield* prepare(row.id, row.id, names).pipe(
+        const prepared = yield* prepare(row.id, row, names).pipe(
           Effect.map((r) => Option.some(r)),
           Effect.catchTag("SessionBusy", () =>
             Effect.as(

@@ -32,11 +32,10 @@ import {
 } from "../domain/repoErrors.js"
 import { SessionStore } from "../services/SessionStore.js"
 import { GUEST_REPO, resume, type BootOptions } from "./session.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /** the user's own repository metadata: copied in as it is, never part of a diff */
 export const DIFF_EXCLUDE = [".git"]
-
-const errorText = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
 const tool = (name: string, message: string) => new RepoToolFailed({ tool: name, message })
 
@@ -45,7 +44,7 @@ const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: () => fs.mkdtemp(path.join(parent, prefix)),
-      catch: (cause) => tool("fs", `cannot create a temporary directory in ${parent}: ${errorText(cause)}`)
+      catch: (cause) => tool("fs", `cannot create a temporary directory in ${parent}: ${errorMessage(cause)}`)
     }),
     (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
   )
@@ -150,7 +149,7 @@ const writeTree = (gitDir: string, root: string, scratch: string) =>
   Effect.gen(function* () {
     const entries = yield* Effect.tryPromise({
       try: () => walk(root),
-      catch: (cause) => tool("fs", `cannot read ${root}: ${errorText(cause)}`)
+      catch: (cause) => tool("fs", `cannot read ${root}: ${errorMessage(cause)}`)
     })
     const env = { GIT_DIR: gitDir, GIT_INDEX_FILE: path.join(scratch, `index-${path.basename(root)}`) }
     // a link's blob is its target: written to scratch files and hashed with the rest
@@ -164,7 +163,7 @@ const writeTree = (gitDir: string, root: string, scratch: string) =>
             return file
           })
         ),
-      catch: (cause) => tool("fs", `cannot read links in ${root}: ${errorText(cause)}`)
+      catch: (cause) => tool("fs", `cannot read links in ${root}: ${errorMessage(cause)}`)
     })
     if (sources.some((file) => file.includes("\n"))) {
       return yield* tool(
@@ -310,7 +309,7 @@ const threeWayApply = (
           path.join(objects, "objects") + "\n"
         )
       },
-      catch: (cause) => tool("fs", `cannot prepare the merge repository: ${errorText(cause)}`)
+      catch: (cause) => tool("fs", `cannot prepare the merge repository: ${errorMessage(cause)}`)
     })
     const env = {
       GIT_DIR: gitDir,
@@ -421,7 +420,7 @@ export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnect
                 await fs.cp(from, path.join(workTree, rel), { verbatimSymlinks: true })
               }
             },
-            catch: (cause) => tool("fs", `cannot copy the target's paths for --check: ${errorText(cause)}`)
+            catch: (cause) => tool("fs", `cannot copy the target's paths for --check: ${errorMessage(cause)}`)
           })
         }
         const merged = yield* threeWayApply(trees.work, trees.gitDir, workTree, sorted, patch)
@@ -496,7 +495,7 @@ export const copyOut = Effect.fn("repo.copyOut")(function* (
         catch: (cause) =>
           new RepoPathInvalid({
             path: guestPath,
-            message: `${guestPath} is not in the session: ${errorText(cause)}`
+            message: `${guestPath} is not in the session: ${errorMessage(cause)}`
           })
       })
       return { ...result, path: destination }
@@ -515,7 +514,7 @@ export const copyIn = Effect.fn("repo.copyIn")(function* (
   const stat = yield* Effect.tryPromise({
     try: () => fs.lstat(source),
     catch: (cause) =>
-      new RepoPathInvalid({ path: source, message: `cannot read ${source}: ${errorText(cause)}` })
+      new RepoPathInvalid({ path: source, message: `cannot read ${source}: ${errorMessage(cause)}` })
   })
   if (stat.isDirectory()) yield* scanSource(source)
   const target = rel === "" ? GUEST_REPO : `${GUEST_REPO}/${rel}`
@@ -539,7 +538,7 @@ export const readFile = Effect.fn("repo.readFile")(function* (
       return yield* Effect.tryPromise({
         try: () => fs.readFile(path.join(staging, rel)),
         catch: (cause) =>
-          new RepoPathInvalid({ path: guestPath, message: `${guestPath}: not a file (${errorText(cause)})` })
+          new RepoPathInvalid({ path: guestPath, message: `${guestPath}: not a file (${errorMessage(cause)})` })
       }).pipe(Effect.map((buffer) => new Uint8Array(buffer)))
     })
   )
@@ -560,7 +559,7 @@ export const writeFile = Effect.fn("repo.writeFile")(function* (
       const file = path.join(staging, path.posix.basename(rel))
       yield* Effect.tryPromise({
         try: () => fs.writeFile(file, data, { mode }),
-        catch: (cause) => tool("fs", `cannot stage ${guestPath}: ${errorText(cause)}`)
+        catch: (cause) => tool("fs", `cannot stage ${guestPath}: ${errorMessage(cause)}`)
       })
       yield* Effect.promise(() => fs.chmod(file, mode))
       const dir = path.posix.dirname(rel)

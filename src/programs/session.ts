@@ -10,13 +10,13 @@ import * as Stream from "effect/Stream"
 import * as Schema from "effect/Schema"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
-import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
+import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig, type ModelSpec } from "../protocol/GuestConfig.js"
 import type { HelloMessage } from "../protocol/Messages.js"
 import {
@@ -42,7 +42,6 @@ import { withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,
-  MODEL_CATALOG_FILE,
   ModelCatalogError,
   resolveModel,
   type ModelCatalog
@@ -166,9 +165,9 @@ const checkResources = (options: BootOptions) =>
   })
 
 export const sessionFiles = (dir: string) => ({
-  rootDisk: path.join(dir, "root.raw"),
-  configDisk: path.join(dir, "config.raw"),
-  consoleLog: path.join(dir, "console.log"),
+  rootDisk: sessionFile(dir, "rootDisk"),
+  configDisk: sessionFile(dir, "configDisk"),
+  consoleLog: sessionFile(dir, "consoleLog"),
   // <dir>/rpc.sock, or a short path where that is too long for a unix socket (macOS: 104 bytes)
   rpcSocket: rpcSocketPath(dir)
 })
@@ -194,7 +193,7 @@ export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], r
 const defaultPolicy = Effect.gen(function* () {
   const paths = yield* AboxPaths
   const broker = yield* HttpsBroker
-  const file = path.join(paths.home, "broker.json")
+  const file = paths.homeFile("brokerPolicy")
   const present = yield* Effect.promise(() =>
     fs.access(file).then(
       () => true,
@@ -207,7 +206,7 @@ const defaultPolicy = Effect.gen(function* () {
 /** the model catalog: built in, overridden by `$ABOX_HOME/models.json` (docs/on-disk.md) */
 export const loadModelCatalog = Effect.gen(function* () {
   const paths = yield* AboxPaths
-  const file = path.join(paths.home, MODEL_CATALOG_FILE)
+  const file = paths.homeFile("modelCatalog")
   const text = yield* Effect.tryPromise({
     try: () =>
       fs.readFile(file, "utf8").catch((error: NodeJS.ErrnoException) => {
@@ -271,6 +270,8 @@ const guestConfigFor = (
  */
 const boot = Effect.fn("session.boot")(function* (
   meta: SessionMeta,
+  /** the session directory (SessionStore located it) */
+  dir: string,
   image: Pick<GoldenImage, "kernel" | "initrd" | "arch">,
   lock: HeldLock,
   options: BootOptions,
@@ -281,7 +282,6 @@ const boot = Effect.fn("session.boot")(function* (
   const vmm = yield* VmmBackend
   const rpc = yield* GuestRpc
   const httpsBroker = yield* HttpsBroker
-  const dir = store.dir(meta.id)
   const files = sessionFiles(dir)
 
   yield* phase(options, "config")
@@ -310,7 +310,7 @@ const boot = Effect.fn("session.boot")(function* (
   )
 
   yield* phase(options, "boot")
-  if (files.rpcSocket !== path.join(dir, "rpc.sock") && meta.rpcSocket !== files.rpcSocket) {
+  if (files.rpcSocket !== sessionFile(dir, "rpcSocket") && meta.rpcSocket !== files.rpcSocket) {
     yield* store.update(meta.id, (current) => ({ ...current, rpcSocket: files.rpcSocket }))
   }
   yield* ensureSocketDir(files.rpcSocket).pipe(
@@ -433,6 +433,7 @@ const transactional = <A, E, R, E2, R2>(
  */
 export const open = Effect.fn("open")(function* (options: OpenOptions) {
   const store = yield* SessionStore
+  const paths = yield* AboxPaths
   const lock = yield* RuntimeLock
   const images = yield* Images
   const vmm = yield* VmmBackend
@@ -465,7 +466,9 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB },
     policy
   })
-  const dir = store.dir(meta.id)
+  // create makes every new session in the current home
+  const session: SessionLocation = { id: meta.id, dir: paths.sessionDir(meta.id), legacy: false }
+  const dir = session.dir
   const progress = (done: boolean) =>
     options.onProgress?.({
       files: done ? scan.files : 0,
@@ -476,7 +479,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
 
   return yield* transactional(
     Effect.gen(function* () {
-      const held = yield* lock.acquire(meta.id)
+      const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
       yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
       // the snapshot as a disk built here (no per-file work in the guest), where the backend
@@ -488,7 +491,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
         disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
         if (disks !== undefined) yield* progress(true)
       }
-      const booted = yield* boot(meta, image, held, options, policy, disks)
+      const booted = yield* boot(meta, dir, image, held, options, policy, disks)
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
         yield* phase(options, "transfer")
         yield* progress(false)
@@ -531,10 +534,11 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
   const vmm = yield* VmmBackend
 
   yield* checkResources(options)
-  const id = yield* store.resolve(ref)
+  const session = yield* store.locate(ref)
+  const id = session.id
   return yield* transactional(
     Effect.gen(function* () {
-      const held = yield* lock.acquire(id)
+      const held = yield* lock.acquire(session)
       const recorded = yield* store.get(id)
       const compat = yield* checkCompatibility(recorded, {
         os: process.platform,
@@ -565,12 +569,13 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       }))
       const booted = yield* boot(
         meta,
+        session.dir,
         { ...image, arch: compat.guest.arch },
         held,
         { ...options, model: meta.model },
         policy,
         // a backend without repository disks cannot resume a session that has them
-        vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(store.dir(id))
+        vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(session.dir)
       )
       const connection = booted.connection
       // the guest's own word on its protocol wins over what was recorded (or backfilled)
@@ -582,7 +587,7 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
               guest: { arch: compat.guest.arch, protocol: connection.hello.protocol }
             }))
       yield* phase(options, "ready")
-      return sessionFrom(current, store.dir(id), booted, [])
+      return sessionFrom(current, session.dir, booted, [])
     }),
     Effect.void
   )

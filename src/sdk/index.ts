@@ -341,7 +341,7 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
   const id = status.value.sessionId
   const { meta, dir } = await run(
     Effect.flatMap(SessionStore, (store) =>
-      Effect.map(store.get(id), (meta) => ({ meta, dir: store.dir(id) }))
+      Effect.flatMap(store.locate(id), ({ dir }) => Effect.map(store.get(id), (meta) => ({ meta, dir })))
     )
   )
   let closed = false

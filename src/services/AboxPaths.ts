@@ -5,6 +5,7 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as os from "node:os"
 import * as path from "node:path"
+import { HOME_FILES, type HomeFile, LEGACY_SESSIONS } from "../domain/sessionLayout.js"
 
 /**
  * Where abox keeps its state. `ABOX_HOME` overrides `~/.abox`. The legacy home
@@ -17,20 +18,24 @@ export interface AboxPathsShape {
   readonly names: string
   readonly images: string
   readonly legacySessions: string
+  /** the session directory of `id` in the current home (SessionStore locates a session in either home) */
   readonly sessionDir: (id: string) => string
+  /** `$ABOX_HOME/<file>` for the home's own files (src/domain/sessionLayout.ts) */
+  readonly homeFile: (file: HomeFile) => string
 }
 
 export class AboxPaths extends Context.Tag("abox/AboxPaths")<AboxPaths, AboxPathsShape>() {}
 
 export const makeAboxPaths = (home: string, userHome: string): AboxPathsShape => {
-  const sessions = path.join(home, "sessions")
+  const sessions = path.join(home, HOME_FILES.sessions)
   return {
     home,
     sessions,
-    names: path.join(home, "names"),
-    images: path.join(home, "images"),
-    legacySessions: path.join(userHome, "Library", "Application Support", "ABox", "sessions"),
-    sessionDir: (id) => path.join(sessions, id)
+    names: path.join(home, HOME_FILES.names),
+    images: path.join(home, HOME_FILES.images),
+    legacySessions: path.join(userHome, ...LEGACY_SESSIONS),
+    sessionDir: (id) => path.join(sessions, id),
+    homeFile: (file) => path.join(home, HOME_FILES[file])
   }
 }
 

@@ -2,6 +2,7 @@ import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as Schema from "effect/Schema"
+import type { SessionLocation } from "../domain/sessionLayout.js"
 
 export class SessionBusy extends Schema.TaggedError<SessionBusy>()("SessionBusy", {
   sessionId: Schema.String,
@@ -32,7 +33,14 @@ export interface HeldLock {
  * that inherited the fd) dies.
  */
 export interface RuntimeLockShape {
-  readonly acquire: (sessionId: string) => Effect.Effect<HeldLock, SessionBusy | LockError, Scope.Scope>
+  /**
+   * `session`: where the session lives, as SessionStore located it (`locate`, a `list` row), so
+   * a session of the legacy home locks in its own directory; a bare id names a session of the
+   * current home.
+   */
+  readonly acquire: (
+    session: SessionLocation | string
+  ) => Effect.Effect<HeldLock, SessionBusy | LockError, Scope.Scope>
 }
 
 export class RuntimeLock extends Context.Tag("abox/RuntimeLock")<RuntimeLock, RuntimeLockShape>() {}

@@ -4,6 +4,7 @@ import * as Schema from "effect/Schema"
 import { BrokerPolicy } from "../broker/policy.js"
 import { CloseOutcome, GuestArch, ImageIdentity, VmmBackendName } from "../domain/session.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
+import type { SessionLocation } from "../domain/sessionLayout.js"
 
 export const SESSION_FORMAT = 1
 
@@ -71,16 +72,12 @@ export class InvalidName extends Schema.TaggedError<InvalidName>()("InvalidName"
 
 export type ReadError = SessionNotFound | SessionCorrupt | SessionFormatTooNew | StoreIoError
 
-/** One row of `list`: a session that decodes, or one that does not (with the reason). */
-export type SessionListing =
-  | { readonly _tag: "Ok"; readonly id: string; readonly dir: string; readonly legacy: boolean; readonly meta: SessionMeta }
-  | {
-      readonly _tag: "Corrupt"
-      readonly id: string
-      readonly dir: string
-      readonly legacy: boolean
-      readonly error: SessionCorrupt | SessionFormatTooNew | StoreIoError
-    }
+/** One row of `list`: a session that decodes, or one that does not (with the reason); either where it lives. */
+export type SessionListing = SessionLocation &
+  (
+    | { readonly _tag: "Ok"; readonly meta: SessionMeta }
+    | { readonly _tag: "Corrupt"; readonly error: SessionCorrupt | SessionFormatTooNew | StoreIoError }
+  )
 
 export interface NameBinding {
   readonly name: string
@@ -118,10 +115,20 @@ export interface SessionStoreShape {
   ) => Effect.Effect<SessionMeta, ReadError>
   /** explicit removal only; also unbinds names that point at it */
   readonly remove: (id: string) => Effect.Effect<void, SessionNotFound | StoreIoError>
+  /**
+   * The directory of session `id`: the current home's, else the legacy home's when the session
+   * lives there (a stat each call, nothing remembered). For a caller that holds only an id; one
+   * that looked the session up uses the location `locate` gave it.
+   */
   readonly dir: (id: string) => string
   readonly readGuestConfig: (id: string) => Effect.Effect<GuestConfig, ReadError>
   readonly writeGuestConfig: (id: string, config: GuestConfig) => Effect.Effect<void, StoreIoError>
-  /** an id, or a bound name → the session id */
+  /**
+   * an id, or a bound name → where the session lives: its directory in the current home, else
+   * in the legacy one (docs/on-disk.md "Names" for the order)
+   */
+  readonly locate: (ref: string) => Effect.Effect<SessionLocation, SessionNotFound | SessionCorrupt | StoreIoError>
+  /** an id, or a bound name → the session id (`locate`'s id) */
   readonly resolve: (ref: string) => Effect.Effect<string, SessionNotFound | SessionCorrupt | StoreIoError>
   // names (seed 001)
   readonly bindName: (name: string, id: string) => Effect.Effect<NameBinding, NameTaken | InvalidName | SessionNotFound | StoreIoError>

@@ -34,6 +34,7 @@ import {
   LIVENESS_FD,
   LOCK_FD
 } from "./protocol.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 // the supervisor may be gone: writes to its pipes must never crash the helper
 process.stdout.on("error", () => undefined)
@@ -212,7 +213,7 @@ const main = async (): Promise<number> => {
 main().then(
   (code) => process.exit(code),
   (error: unknown) => {
-    process.stderr.write(`abox-vmm: ${error instanceof Error ? error.message : String(error)}\n`)
+    process.stderr.write(`abox-vmm: ${errorMessage(error)}\n`)
     process.exit(70)
   }
 )

@@ -1,3 +1,4 @@
+import { errorMessage } from "../domain/errorMessage.js"
 /**
  * The supervisor ↔ abox-vmm contract. The supervisor writes one `HelperSpec` JSON line on the
  * helper's stdin; the helper answers with `HelperEvent` JSON lines on stdout. fd 3 is the
@@ -155,7 +156,7 @@ const decodeLine =
     try {
       value = JSON.parse(line)
     } catch (error) {
-      return { ok: false, error: `not JSON: ${error instanceof Error ? error.message : String(error)}` }
+      return { ok: false, error: `not JSON: ${errorMessage(error)}` }
     }
     try {
       return { ok: true, value: check(value, "$") }

@@ -15,7 +15,9 @@ import * as Schema from "effect/Schema"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
+import { KERNEL_IMAGE_FILE } from "../domain/sessionLayout.js"
 import type { RepoDisks } from "../domain/vm.js"
+import { errorMessage } from "../domain/errorMessage.js"
 import { vfkitRequest } from "./vfkitRest.js"
 
 /** the guest connects to this vsock port; vfkit proxies it to the host's rpc.sock */
@@ -159,9 +161,9 @@ const isGzip = (file: string): boolean => {
 
 /**
  * The uncompressed kernel an aarch64 image ships beside `vmlinuz` (images/build-small.sh; the
- * registry records it as `files.kernelImage`, `KERNEL_IMAGE_FILE` in src/lib/images.ts)
+ * registry records it as `files.kernelImage`; src/domain/sessionLayout.ts names it)
  */
-export const SHIPPED_KERNEL_IMAGE = "Image"
+export const SHIPPED_KERNEL_IMAGE = KERNEL_IMAGE_FILE
 
 /**
  * Virtualization.framework boots only an uncompressed arm64 `Image` ("the kernel must be
@@ -200,7 +202,7 @@ export const uncompressedKernel = (kernel: string, fallbackDir: string) =>
       throw new Error(`cannot write the uncompressed kernel to ${candidates.join(" or ")}`)
     },
     catch: (cause) =>
-      new KernelError({ path: kernel, reason: cause instanceof Error ? cause.message : String(cause) })
+      new KernelError({ path: kernel, reason: errorMessage(cause) })
   })
 
 // ---- RESTful API -----------------------------------------------------------------------------
@@ -240,7 +242,7 @@ const request = (
   Effect.tryPromise({
     try: (signal) => vfkitRequest({ socket, method, route, body, signal }),
     catch: (cause) =>
-      new VfkitRestError({ socket, reason: cause instanceof Error ? cause.message : String(cause), cause })
+      new VfkitRestError({ socket, reason: errorMessage(cause), cause })
   }).pipe(
     Effect.timeoutFail({
       duration: timeout,

@@ -17,28 +17,29 @@ import { SessionStore, StoreIoError } from "../../services/SessionStore.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
+import { SESSION_FILES, type SessionLocation } from "../../domain/sessionLayout.js"
 
 /** done when the session stops: session.json is rewritten at Close, then the lock is free */
-const untilStopped = (dir: string, id: string) =>
+const untilStopped = (session: SessionLocation) =>
   Effect.gen(function* () {
     for (;;) {
       const changed = yield* Effect.acquireRelease(
         Effect.sync(() => {
           let wake = () => {}
           const happened = new Promise<void>((resolve) => (wake = resolve))
-          const watcher = fs.watch(dir, (_event, name) => {
-            if (name === "session.json" || name === "lock") wake()
+          const watcher = fs.watch(session.dir, (_event, name) => {
+            if (name === SESSION_FILES.meta || name === SESSION_FILES.lock) wake()
           })
           return { watcher, happened }
         }),
         ({ watcher }) => Effect.sync(() => watcher.close())
       )
-      if ((yield* sessionStatus(id)) === "stopped") return
+      if ((yield* sessionStatus(session)) === "stopped") return
       yield* Effect.promise(() => changed.happened)
       // the lock is released just after the close is recorded, and a release makes no file event:
       // look again a few times, briefly
       for (let i = 0; i < 20; i++) {
-        if ((yield* sessionStatus(id)) === "stopped") return
+        if ((yield* sessionStatus(session)) === "stopped") return
         yield* Effect.sleep("100 millis")
       }
     }
@@ -101,8 +102,8 @@ export const logs = Command.make(
     edge({ json: false })(
       Effect.gen(function* () {
         const store = yield* SessionStore
-        const id = yield* store.resolve(args.ref)
-        const dir = store.dir(id)
+        const session = yield* store.locate(args.ref)
+        const { id, dir } = session
         if (args.broker) {
           // streamed (the log may be large) and escaped (host names are the guest's choice)
           const logFile = path.join(dir, BROKER_LOG_FILE)
@@ -139,14 +140,14 @@ export const logs = Command.make(
           Effect.sync(() =>
             process.stdout.write(args.raw ? chunk : stripper.push(decoder.write(Buffer.from(chunk))))
           )
-        if ((yield* sessionStatus(id)) === "stopped") {
+        if ((yield* sessionStatus(session)) === "stopped") {
           // nothing more will be written: print what is there and end
           yield* follow(file).pipe(Stream.take(1), Stream.runForEach(write))
           return yield* Console.error(
             `abox: ${id} is not running: nothing more will come (logs -f follows a running session)`
           )
         }
-        yield* follow(file).pipe(Stream.runForEach(write), Effect.raceFirst(untilStopped(dir, id)))
+        yield* follow(file).pipe(Stream.runForEach(write), Effect.raceFirst(untilStopped(session)))
       })
     )
 ).pipe(

@@ -4,7 +4,6 @@ import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
 import { sessionStatus } from "../../programs/list.js"
-import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
@@ -27,13 +26,11 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
   edge({ json: args.json })(
     Effect.gen(function* () {
       const store = yield* SessionStore
-      const paths = yield* AboxPaths
-      const id = yield* store.resolve(args.ref)
+      const session = yield* store.locate(args.ref)
+      const { id, dir, legacy } = session
       const meta = yield* store.get(id)
-      const dir = store.dir(id)
-      const legacy = dir !== paths.sessionDir(id)
       const names = (yield* store.listNames()).filter((b) => b.sessionId === id).map((b) => b.name)
-      const status = yield* sessionStatus(id)
+      const status = yield* sessionStatus(session)
       const bytes = yield* diskUsage(dir)
       const running = status === "running"
       if (args.json) return yield* printJson({ session: { id, dir, legacy, names, running, bytes, meta } })

@@ -25,6 +25,7 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { GUEST_REPO_PATH } from "../agent.js"
 import type { TurnUser } from "../user.js"
+import { errorMessage } from "../../domain/errorMessage.js"
 
 /** characters of tool output the model sees at most (half head, half tail) */
 export const DEFAULT_OUTPUT_CAP = 30_000
@@ -320,8 +321,6 @@ export const asOwner = <A>(
   }
 }
 
-const errorText = (error: unknown): string => (error instanceof Error ? error.message : String(error))
-
 const hasRipgrep = (env: Readonly<Record<string, string>>): boolean =>
   (env["PATH"] ?? "").split(":").some((dir) => dir !== "" && fs.existsSync(path.join(dir, "rg")))
 
@@ -348,7 +347,7 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         try {
           return asOwner(tools.user, tools.repoDir, resolved.path, operation)
         } catch (error) {
-          return fail(errorText(error))
+          return fail(errorMessage(error))
         }
       })
     )
