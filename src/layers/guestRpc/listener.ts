@@ -11,9 +11,8 @@ import * as Queue from "effect/Queue"
 // liveness probe before a stale file is unlinked.
 import * as fs from "node:fs"
 import * as net from "node:net"
+import { errorMessage } from "../../domain/errorMessage.js"
 import { GuestDisconnected, GuestTimeout } from "../../services/GuestRpc.js"
-
-const describe = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
 /** is something accepting connections on this unix socket path? */
 const probe = (path: string): Effect.Effect<boolean> =>
@@ -40,7 +39,7 @@ export const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: st
       try: () => fs.unlinkSync(socketPath),
       catch: (cause) =>
         new GuestDisconnected({
-          message: `${socketPath}: cannot remove the stale socket: ${describe(cause)}`
+          message: `${socketPath}: cannot remove the stale socket: ${errorMessage(cause)}`
         })
     })
   }
@@ -56,7 +55,7 @@ export const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: st
       })
       server.once("error", (cause) =>
         resume(
-          Effect.fail(new GuestDisconnected({ message: `${socketPath}: cannot listen: ${describe(cause)}` }))
+          Effect.fail(new GuestDisconnected({ message: `${socketPath}: cannot listen: ${errorMessage(cause)}` }))
         )
       )
       server.listen(socketPath, () => {
@@ -65,7 +64,7 @@ export const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: st
           fs.chmodSync(socketPath, 0o600)
         } catch (cause) {
           server.close()
-          resume(Effect.fail(new GuestDisconnected({ message: `${socketPath}: chmod: ${describe(cause)}` })))
+          resume(Effect.fail(new GuestDisconnected({ message: `${socketPath}: chmod: ${errorMessage(cause)}` })))
           return
         }
         resume(Effect.succeed(server))
