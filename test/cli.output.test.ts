@@ -6,7 +6,7 @@ import { describe, expect, it } from "@effect/vitest"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import { jsonEvent } from "../src/cli/turnOutput.js"
-import { LogToStderr } from "../src/layers/Main.js"
+import { LogToStderr } from "../src/layers/Base.js"
 
 /** a Console that records which stream each line went to */
 const recordingConsole = () => {

@@ -18,9 +18,10 @@ import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as fc from "fast-check"
-import { DarwinVmmLive, fallbackSignalFor } from "../src/layers/DarwinVmm.js"
+import { DarwinVmmLive } from "../src/layers/DarwinVmm.js"
+import { fallbackSignalFor } from "../src/vmm/supervisor.js"
 import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { chooseBackend } from "../src/layers/Lifecycle.js"
+import { chooseBackend } from "../src/lib/env.js"
 import {
   ensureSocketDir,
   maxSocketPathBytes,

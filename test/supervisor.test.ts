@@ -28,7 +28,8 @@ import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { type ControlReply, type ControlRequest, REPO_CHUNK, type TurnRequest } from "../src/protocol/Control.js"
 import { connect, forward, remoteRepo, status, statusIfRunning, stop } from "../src/programs/detached.js"
 import { open, resume } from "../src/programs/session.js"
-import { controlSocketPath, supervise } from "../src/programs/supervisor.js"
+import { supervise } from "../src/programs/supervisor.js"
+import { controlSocketPath } from "../src/lib/socketPath.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))

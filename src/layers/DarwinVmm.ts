@@ -30,8 +30,6 @@ import { buildVfkitArgv, uncompressedKernel } from "../vmm/vfkit.js"
 import { sessionFile } from "../domain/sessionLayout.js"
 import { findExecutable } from "../lib/executable.js"
 
-export { fallbackSignalFor } from "../vmm/supervisor.js"
-
 export interface DarwinVmmOptions {
   /** the platform whose rules apply (fallback signal, socket path limit); default process.platform */
   readonly platform?: NodeJS.Platform

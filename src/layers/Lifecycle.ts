@@ -4,7 +4,7 @@ import * as Layer from "effect/Layer"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { CACHE_FILES } from "../domain/sessionLayout.js"
-import { backendEnv, chooseBackend, vmmChoice } from "../lib/env.js"
+import { backendEnv } from "../lib/env.js"
 import { ImagesLive } from "./ImagesLive.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { hostArch } from "../lib/arch.js"
@@ -17,13 +17,6 @@ import { HttpsBrokerLive } from "../broker/HttpsBrokerLive.js"
 import { DarwinVmmLive } from "./DarwinVmm.js"
 import { QemuVmmLive } from "./QemuVmm.js"
 import { RuntimeLockLive } from "./RuntimeLockLive.js"
-
-/**
- * The backend by platform (vz — vfkit / Virtualization.framework — on macOS, QEMU elsewhere),
- * overridable with `ABOX_VMM=qemu|vz|fake`. `fake` runs the real guest agent as a host process:
- * a test backend, with a placeholder image (its root disk is a directory).
- */
-export { chooseBackend, vmmChoice }
 
 export const FakeImages = Layer.succeed(Images, {
   resolve: () =>

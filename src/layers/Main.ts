@@ -8,8 +8,6 @@ import { LifecycleLive } from "./Lifecycle.js"
 import { SecretScrubberLive } from "./SecretScrubberLive.js"
 import { SessionStoreLive } from "./SessionStoreLive.js"
 
-export { LogToStderr }
-
 /** Every abox service on this platform: what the SDK provides. */
 export const AboxLive = Layer.mergeAll(SessionStoreLive, SecretScrubberLive, LifecycleLive, LogToStderr).pipe(
   Layer.provideMerge(AboxPathsLive),

@@ -37,7 +37,11 @@ const describeConfigError = (error: ConfigError.ConfigError): string =>
     unsupportedCase: (_, path, message) => `${path.join(".")}: ${message}`
   })
 
-/** the VMM backend a host uses: the explicit choice (`ABOX_VMM`), else by platform */
+/**
+ * The VMM backend a host uses: the explicit choice (`ABOX_VMM=qemu|vz|fake`), else by platform
+ * (vz — vfkit / Virtualization.framework — on macOS, QEMU elsewhere). `fake` runs the real guest
+ * agent as a host process: a test backend, with a placeholder image (its root disk is a directory).
+ */
 export const chooseBackend = (
   choice: Option.Option<"qemu" | "vz" | "fake">,
   platform: NodeJS.Platform = process.platform

@@ -18,6 +18,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { connectUnix, LineSocket, listenLoopback, readLine, splice, writeLine } from "../lib/lineSocket.js"
 import { SourceInvalid } from "../lib/snapshot.js"
+import { controlSocketPath } from "../lib/socketPath.js"
 import {
   ControlError,
   ControlRefused,
@@ -42,11 +43,11 @@ import {
   GuestTooNew,
   GuestTooOld,
   ProtocolError,
-  TransferFailed,
   TtyUnsupported
 } from "../services/GuestRpc.js"
 import { BrokerError, BrokerPolicyError } from "../services/HttpsBroker.js"
 import { DiskError, ImageNotFound } from "../domain/image.js"
+import { TransferFailed } from "../domain/transfer.js"
 import { LockError, SessionBusy } from "../services/RuntimeLock.js"
 import {
   InvalidName,
@@ -67,7 +68,6 @@ import {
 } from "../domain/repoErrors.js"
 import { VmmError, VmmUnavailable } from "../domain/vm.js"
 import { SessionIncompatible } from "./compat.js"
-import { controlSocketPath } from "./supervisor.js"
 
 // ---- errors across the process boundary ----
 

@@ -52,8 +52,6 @@ import * as Repo from "./repo.js"
 import { RepoPathInvalid } from "../domain/repoErrors.js"
 import type { Session } from "./session.js"
 
-export { controlSocketPath }
-
 /** why a supervisor closed: asked to, idle, or its guest went away (the VM died) */
 export type StopReason = "stop" | "idle" | "guest-gone"
 

@@ -72,9 +72,9 @@ export {
   GuestTooNew,
   ProtocolError,
   GuestTimeout,
-  GuestDisconnected,
-  TransferFailed
+  GuestDisconnected
 } from "../services/GuestRpc.js"
+export { TransferFailed } from "../domain/transfer.js"
 export { VmmError, VmmUnavailable } from "../domain/vm.js"
 export { ImageNotFound, DiskError } from "../domain/image.js"
 export { SessionIncompatible } from "../programs/compat.js"

@@ -35,9 +35,6 @@ export class GuestDisconnected extends Schema.TaggedError<GuestDisconnected>()("
   message: Schema.String
 }) {}
 
-// TransferFailed is shared with the host's snapshot code (src/lib/snapshot.ts): it lives in the domain
-export { TransferFailed } from "../domain/transfer.js"
-
 /** the guest could not connect a port forward to 127.0.0.1:<port> in the guest */
 export class ForwardRefused extends Schema.TaggedError<ForwardRefused>()("ForwardRefused", {
   port: Schema.Number,

@@ -13,6 +13,7 @@ import * as Mailbox from "effect/Mailbox"
 import * as Queue from "effect/Queue"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import { TransferFailed } from "../../domain/transfer.js"
 import { escapeControl } from "../../lib/text.js"
 import type { AgentEvent, ControlMessage, HelloMessage } from "../../protocol/Messages.js"
 import {
@@ -20,7 +21,6 @@ import {
   GuestDisconnected,
   type GuestRpcError,
   ProtocolError,
-  TransferFailed,
   type TunnelRequest,
   type TurnEvent
 } from "../../services/GuestRpc.js"

@@ -8,12 +8,12 @@ import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
+import { TransferFailed } from "../../domain/transfer.js"
 import { FEATURE_EXPORT, type HelloMessage } from "../../protocol/Messages.js"
 import {
   type ExportRequest,
   type GuestRpcError,
   GuestTimeout,
-  TransferFailed,
   type TransferOptions
 } from "../../services/GuestRpc.js"
 import type { Dispatcher, TransferResult } from "./dispatcher.js"
