@@ -121,15 +121,17 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
     const wake = yield* Effect.makeLatch(false)
     let queueDropped = 0
 
+    // the sync paths (enqueue from callbacks) read the clock unsafely; it is the fiber's Clock all the same
+    const clock = yield* Effect.clock
     // denial rate limit: per key and in total, per window
-    let windowStart = Date.now()
+    let windowStart = clock.unsafeCurrentTimeMillis()
     let windowTotal = 0
     let rateSuppressed = 0
     const perKeyCount = new Map<string, number>()
 
     const summary = (reason: string, count: number): string =>
       encodeLine({
-        time: new Date().toISOString(),
+        time: new Date(clock.unsafeCurrentTimeMillis()).toISOString(),
         channel: 0,
         event: "suppressed",
         host: "*",
@@ -178,7 +180,7 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
       | { readonly _tag: "limited" }
     /** queue a line (after the rate limit); when the queue is full, the batch to wait for */
     const push = (entry: BrokerLogEntry, admitted: boolean): Pushed => {
-      const owed = rollWindow(Date.now(), false)
+      const owed = rollWindow(clock.unsafeCurrentTimeMillis(), false)
       if (owed.length > 0) pending.push(...owed)
       if (!admitted && !admit(entry)) return { _tag: "limited" }
       if (pending.length >= maxQueued) return { _tag: "full", next: batchDone }
@@ -239,7 +241,7 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
 
     yield* Effect.addFinalizer(() =>
       Effect.suspend(() => {
-        pending.push(...rollWindow(Date.now(), true))
+        pending.push(...rollWindow(clock.unsafeCurrentTimeMillis(), true))
         return flushOnce
       })
     )
