@@ -21,7 +21,8 @@ import { ControlMessage } from "./Messages.js"
  * The protocol v4 multiplexer over one byte stream (docs/protocol.md): channel 0 carries
  * Schema-validated control messages, other channels carry bytes with per-channel credit-based
  * flow control. Plain TypeScript over a Node `Duplex` (a unix socket on the host, the
- * virtio-serial port or a socket in the guest); the host wraps it in Effect (GuestRpcLive).
+ * virtio-serial port or a socket in the guest); the host wraps it in Effect in
+ * src/layers/guestRpc/MuxAdapter.ts (what GuestRpcLive, in that folder, builds on).
  *
  * Memory is bounded: the decoder holds at most one frame (≤ 1 MiB), each channel buffers at most
  * its window of unread bytes (a peer that sends more is a protocol error), the control queue is
