@@ -1,8 +1,5 @@
-import { mkdtempSync, rmSync } from "node:fs"
-import * as net from "node:net"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
-import { afterAll, describe, expect, it } from "@effect/vitest"
+import type * as net from "node:net"
+import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
@@ -14,28 +11,14 @@ import { encodeFrame, FrameKind } from "../src/protocol/Frame.js"
 import type { ControlMessage } from "../src/protocol/Messages.js"
 import { Mux } from "../src/protocol/Mux.js"
 import * as MuxAdapter from "../src/layers/guestRpc/MuxAdapter.js"
+import { unixSocketPairs } from "./support/socketPair.js"
 
-const dir = mkdtempSync(join(tmpdir(), "abox-adapter-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-let counter = 0
+const unixSocketPair = unixSocketPairs("abox-adapter-")
 
 /** two ends of a real unix socket (host, peer), destroyed with the scope */
 const socketPair = Effect.acquireRelease(
-  Effect.promise(
-    () =>
-      new Promise<[net.Socket, net.Socket]>((resolve, reject) => {
-        const path = join(dir, `s${counter++}.sock`)
-        let client: net.Socket
-        const server = net.createServer((accepted) => {
-          server.close()
-          if (!client.connecting) resolve([accepted, client])
-          else client.once("connect", () => resolve([accepted, client]))
-        })
-        server.on("error", reject)
-        server.listen(path, () => {
-          client = net.connect(path)
-        })
-      })
+  Effect.promise(() => unixSocketPair()).pipe(
+    Effect.map(([client, accepted]): [net.Socket, net.Socket] => [accepted, client])
   ),
   ([a, b]) =>
     Effect.sync(() => {

@@ -3,11 +3,7 @@
  * stream's own high-water mark (writers wait for 'drain' only when the peer stops reading) and
  * the channel reader (a plain async iterator).
  */
-import { mkdtempSync, rmSync } from "node:fs"
-import * as net from "node:net"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
-import { afterAll, describe, expect, it } from "@effect/vitest"
+import { describe, expect, it } from "@effect/vitest"
 import * as fc from "fast-check"
 import {
   decodeCredit,
@@ -17,25 +13,9 @@ import {
   MAX_FRAME_PAYLOAD
 } from "../src/protocol/Frame.js"
 import { Mux, MuxError } from "../src/protocol/Mux.js"
+import { unixSocketPairs } from "./support/socketPair.js"
 
-const dir = mkdtempSync(join(tmpdir(), "abox-mux-flow-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-let counter = 0
-
-const socketPair = (): Promise<[net.Socket, net.Socket]> =>
-  new Promise((resolve, reject) => {
-    const path = join(dir, `s${counter++}.sock`)
-    const server = net.createServer((accepted) => {
-      server.close()
-      client.once("connect", () => resolve([client, accepted]))
-      if (!client.connecting) resolve([client, accepted])
-    })
-    server.on("error", reject)
-    let client: net.Socket
-    server.listen(path, () => {
-      client = net.connect(path)
-    })
-  })
+const socketPair = unixSocketPairs("abox-mux-flow-")
 
 const tick = (ms = 20) => new Promise((r) => setTimeout(r, ms))
 const data = (channel: number, payload: Uint8Array) => encodeFrame({ channel, kind: FrameKind.Data, payload })

@@ -1,8 +1,4 @@
-import { mkdtempSync, rmSync } from "node:fs"
-import * as net from "node:net"
-import { tmpdir } from "node:os"
-import { join } from "node:path"
-import { afterAll, describe, expect, it } from "@effect/vitest"
+import { describe, expect, it } from "@effect/vitest"
 import * as fc from "fast-check"
 import {
   decodeCredit,
@@ -14,26 +10,10 @@ import {
 } from "../src/protocol/Frame.js"
 import type { ControlMessage } from "../src/protocol/Messages.js"
 import { GUEST_RECEIVE_WINDOW, INITIAL_WINDOW, Mux, MuxError } from "../src/protocol/Mux.js"
-
-const dir = mkdtempSync(join(tmpdir(), "abox-mux-"))
-afterAll(() => rmSync(dir, { recursive: true, force: true }))
-let counter = 0
+import { unixSocketPairs } from "./support/socketPair.js"
 
 /** two ends of a real unix socket */
-const socketPair = (): Promise<[net.Socket, net.Socket]> =>
-  new Promise((resolve, reject) => {
-    const path = join(dir, `s${counter++}.sock`)
-    const server = net.createServer((accepted) => {
-      server.close()
-      client.once("connect", () => resolve([client, accepted]))
-      if (!client.connecting) resolve([client, accepted])
-    })
-    server.on("error", reject)
-    let client: net.Socket
-    server.listen(path, () => {
-      client = net.connect(path)
-    })
-  })
+const socketPair = unixSocketPairs("abox-mux-")
 
 const nextError = (mux: Mux): Promise<MuxError> => new Promise((resolve) => mux.onError(resolve))
 const closed = (mux: Mux): Promise<void> => new Promise((resolve) => mux.onClose(resolve))
