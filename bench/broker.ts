@@ -23,6 +23,7 @@ import { decodePolicy } from "../src/broker/policy.js"
 import { GuestDisconnected, type TunnelRequest } from "../src/services/GuestRpc.js"
 import type { FromPeer, Job, ToPeer } from "./brokerPeer.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
+import { readHead } from "./socketHead.js"
 
 const NAME = "bench.local"
 const DOWNLOAD_BYTES = 100 * 1024 * 1024
@@ -83,16 +84,8 @@ const makeRig = async (tmp: string, mode: "terminate" | "passthrough" = "termina
   let tunnels = 0
   const listener = net.createServer((socket) => {
     socket.setNoDelay(true)
-    let head = Buffer.alloc(0)
-    const onData = (chunk: Buffer) => {
-      head = Buffer.concat([head, chunk])
-      const end = head.indexOf("\n")
-      if (end < 0) return
-      socket.off("data", onData)
-      socket.pause()
-      const [host, port] = head.subarray(0, end).toString().split(" ")
-      const rest = head.subarray(end + 1)
-      if (rest.length > 0) socket.unshift(rest)
+    readHead(socket, "\n", (head) => {
+      const [host, port] = head.split(" ")
       const closed = () => new GuestDisconnected({ message: "tunnel channel closed" })
       const request: TunnelRequest = {
         channel: ++tunnels,
@@ -125,8 +118,7 @@ const makeRig = async (tmp: string, mode: "terminate" | "passthrough" = "termina
         deny: (reason: string) => Effect.sync(() => void socket.end(`deny ${reason}\n`))
       }
       Queue.unsafeOffer(session.queue, request)
-    }
-    socket.on("data", onData)
+    })
     socket.on("error", () => socket.destroy())
   })
   await new Promise<void>((resolve) => listener.listen(0, "127.0.0.1", () => resolve()))

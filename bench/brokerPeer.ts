@@ -15,6 +15,7 @@ import * as tls from "node:tls"
 import { parentPort, workerData } from "node:worker_threads"
 import { startConnectProxy, type TunnelOpenResult } from "../src/guest/connectProxy.js"
 import { startUpstream } from "../test/support/brokerHarness.js"
+import { readHead } from "./socketHead.js"
 
 /** main → peer */
 export type ToPeer =
@@ -58,23 +59,13 @@ const openTunnel = (host: string, tunnelPort: number) =>
     socket.setNoDelay(true)
     socket.once("error", () => resolve({ ok: false, reason: "channel failed" }))
     socket.write(`${host} ${tunnelPort}\n`)
-    let head = Buffer.alloc(0)
-    const onData = (chunk: Buffer) => {
-      head = Buffer.concat([head, chunk])
-      const end = head.indexOf("\n")
-      if (end < 0) return
-      socket.off("data", onData)
-      socket.pause()
-      const answer = head.subarray(0, end).toString()
-      const rest = head.subarray(end + 1)
-      if (rest.length > 0) socket.unshift(rest)
+    readHead(socket, "\n", (answer) => {
       if (answer === "ok") resolve({ ok: true, stream: socket })
       else {
         socket.destroy()
         resolve({ ok: false, reason: answer.replace(/^deny /, "") })
       }
-    }
-    socket.on("data", onData)
+    })
   })
 
 const upstream = await startUpstream(NAME)
@@ -91,18 +82,10 @@ class ProxyAgent extends https.Agent {
       socket.write(`CONNECT ${options.host}:${options.port} HTTP/1.1\r\nHost: ${options.host}\r\n\r\n`)
     )
     socket.once("error", (error) => callback(error))
-    let head = Buffer.alloc(0)
-    const onData = (chunk: Buffer) => {
-      head = Buffer.concat([head, chunk])
-      const end = head.indexOf("\r\n\r\n")
-      if (end < 0) return
-      socket.off("data", onData)
-      if (!head.subarray(0, end).toString().startsWith("HTTP/1.1 200"))
-        return callback(new Error(head.toString()))
-      socket.pause()
+    readHead(socket, "\r\n\r\n", (head) => {
+      if (!head.startsWith("HTTP/1.1 200")) return callback(new Error(head))
       callback(null, tls.connect({ ...options, socket, servername: NAME }))
-    }
-    socket.on("data", onData)
+    })
     return undefined as unknown as Duplex
   }
 }
