@@ -10,6 +10,7 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import { ControlError, MAX_CONTROL_LINE } from "../protocol/Control.js"
 import { errorMessage } from "../domain/errorMessage.js"
+import { listenUnixServer } from "./unixServer.js"
 
 /** A unix socket read as lines (each at most `max` bytes) until the caller takes it raw. */
 export class LineSocket {
@@ -145,68 +146,25 @@ export const connectUnix = (
   })
 
 /**
- * Listens on a unix socket path, 0600. A socket file already there is probed: someone
- * listening → `busy`; nobody (a stale file left by a killed process) → removed first. Accepted
- * connections come out of the returned queue; the server closes (and the file is removed) with
- * the scope.
+ * Listens on a unix socket path, 0600 (a stale file removed, a live one `busy`: listenUnixServer).
+ * Accepted connections come out of the returned queue; the server closes (and the file is
+ * removed) with the scope.
  */
 export const listenUnix = (socketPath: string) =>
   Effect.gen(function* () {
-    if (fs.existsSync(socketPath)) {
-      const alive = yield* connectUnix(socketPath).pipe(
-        Effect.map((socket) => {
-          socket.destroy()
-          return true
-        }),
-        Effect.catchAll(() => Effect.succeed(false))
-      )
-      if (alive)
-        return yield* new ControlError({
-          reason: "busy",
-          message: `${socketPath}: another process is listening on it`
-        })
-      yield* Effect.try({
-        try: () => fs.unlinkSync(socketPath),
-        catch: (cause) =>
-          new ControlError({
-            reason: "stale",
-            message: `${socketPath}: cannot remove the stale socket: ${errorMessage(cause)}`
-          })
-      })
-    }
     const connections = yield* Effect.acquireRelease(Queue.unbounded<net.Socket>(), (queue) =>
       Effect.flatMap(Queue.takeAll(queue), (sockets) =>
         Effect.sync(() => Chunk.forEach(sockets, (s) => s.destroy()))
       ).pipe(Effect.zipRight(Queue.shutdown(queue)))
     )
     yield* Effect.acquireRelease(
-      Effect.async<net.Server, ControlError>((resume) => {
-        const server = net.createServer({ allowHalfOpen: true }, (socket) => {
-          if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
-        })
-        server.once("error", (cause) =>
-          resume(
-            Effect.fail(new ControlError({ reason: "listen", message: `${socketPath}: ${errorMessage(cause)}` }))
-          )
+      listenUnixServer(socketPath, { allowHalfOpen: true }, (socket) => {
+        if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
+      }).pipe(
+        Effect.mapError(
+          ({ message, reason }) => new ControlError({ reason: reason === "chmod" ? "listen" : reason, message })
         )
-        // created 0600 from the start (umask; the bind happens within listen()), then made sure of it
-        const umask = process.umask(0o177)
-        server.listen(socketPath, () => {
-          try {
-            fs.chmodSync(socketPath, 0o600)
-          } catch (cause) {
-            server.close()
-            resume(
-              Effect.fail(
-                new ControlError({ reason: "listen", message: `${socketPath}: chmod: ${errorMessage(cause)}` })
-              )
-            )
-            return
-          }
-          resume(Effect.succeed(server))
-        })
-        process.umask(umask)
-      }),
+      ),
       // no new connections; those still open are their handlers' to end (not waited for here)
       (server) =>
         Effect.sync(() => {
