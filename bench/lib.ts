@@ -66,6 +66,19 @@ export const compare = (
 
 export const round = (x: number, digits = 2) => Math.round(x * 10 ** digits) / 10 ** digits
 
+/** the Figure of a `compare`: its first median over its second (the floor) */
+export const comparedFigure = (
+  m: { readonly a: number; readonly b: number },
+  runs: number,
+  extra: Pick<Figure, "goal" | "note"> = {}
+): Figure => ({
+  ratio: round(m.a / m.b),
+  medianMs: round(m.a, 1),
+  floorMs: round(m.b, 1),
+  runs,
+  ...extra
+})
+
 /**
  * An ABOX_HOME with `count` sessions as abox writes them: session.json, guest-config.json and
  * config.raw (secretless), dirs 0700, files 0600.

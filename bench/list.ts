@@ -1,5 +1,5 @@
 import * as path from "node:path"
-import { type BenchContext, cli, compare, type Figure, makeHome, round, timeOnce } from "./lib.js"
+import { type BenchContext, cli, compare, comparedFigure, type Figure, makeHome, timeOnce } from "./lib.js"
 
 const SESSIONS = 1000
 
@@ -23,13 +23,7 @@ export const listVsFloor = async (ctx: BenchContext): Promise<Figure> => {
     () => timeOnce([process.execPath, cli, "list", "--json"], env),
     () => timeOnce([process.execPath, "-e", floorScript], env)
   )
-  return {
-    ratio: round(m.a / m.b),
-    medianMs: round(m.a, 1),
-    floorMs: round(m.b, 1),
-    runs: ctx.runs,
-    note: `${SESSIONS} sessions`
-  }
+  return comparedFigure(m, ctx.runs, { note: `${SESSIONS} sessions` })
 }
 
 /**
@@ -44,12 +38,5 @@ export const listEmptyVsNode = async (ctx: BenchContext): Promise<Figure> => {
     () => timeOnce([process.execPath, cli, "list", "--json"], env),
     () => timeOnce([process.execPath, "-e", "0"], env)
   )
-  return {
-    ratio: round(m.a / m.b),
-    medianMs: round(m.a, 1),
-    floorMs: round(m.b, 1),
-    runs: ctx.runs,
-    goal: 2.5,
-    note: "empty home"
-  }
+  return comparedFigure(m, ctx.runs, { goal: 2.5, note: "empty home" })
 }

@@ -1,5 +1,5 @@
 import * as path from "node:path"
-import { type BenchContext, cli, compare, type Figure, makeHome, round, timeOnce } from "./lib.js"
+import { type BenchContext, cli, compare, comparedFigure, type Figure, makeHome, timeOnce } from "./lib.js"
 
 const SESSIONS = 1000
 
@@ -12,12 +12,8 @@ export const scrubOverhead = async (ctx: BenchContext): Promise<Figure> => {
     () => timeOnce([process.execPath, cli, "list", "--json"], env),
     () => timeOnce([process.execPath, cli, "list", "--json"], { ...env, ABOX_SKIP_SCRUB: "1" })
   )
-  return {
-    ratio: round(m.a / m.b),
-    medianMs: round(m.a, 1),
-    floorMs: round(m.b, 1),
-    runs: ctx.runs,
+  return comparedFigure(m, ctx.runs, {
     goal: 1.2,
     note: `${SESSIONS} sessions, each with session.json, guest-config.json and config.raw`
-  }
+  })
 }
