@@ -94,7 +94,9 @@ const rawSocketMs = (dir: string, count: number): Promise<number> =>
     fs.rmSync(socket, { force: true })
     const receiver = `const net=require("net"),fs=require("fs");const s=net.createServer(c=>{c.pipe(fs.createWriteStream(process.argv[2])).on("finish",()=>process.exit(0))}).listen(process.argv[1],()=>process.stdout.write("up"))`
     const sender = `require("net").connect(process.argv[1],function(){process.stdin.pipe(this)})`
-    const recv = spawn(process.execPath, ["-e", receiver, socket, out], { stdio: ["ignore", "pipe", "inherit"] })
+    const recv = spawn(process.execPath, ["-e", receiver, socket, out], {
+      stdio: ["ignore", "pipe", "inherit"]
+    })
     recv.stdout.once("data", () => {
       const start = performance.now()
       const send = spawn("sh", ["-c", `seq 1 ${count} | "${process.execPath}" -e '${sender}' "${socket}"`], {
@@ -103,7 +105,8 @@ const rawSocketMs = (dir: string, count: number): Promise<number> =>
       send.once("error", reject)
       recv.once("exit", (code) => {
         const ms = performance.now() - start
-        if (code !== 0 || fs.statSync(out).size !== seqBytes(count)) return reject(new Error("raw socket copy failed"))
+        if (code !== 0 || fs.statSync(out).size !== seqBytes(count))
+          return reject(new Error("raw socket copy failed"))
         resolve(ms)
       })
     })
@@ -118,7 +121,8 @@ export const turnOutputStream = async (ctx: BenchContext): Promise<Figure> => {
   fs.writeFileSync(path.join(repo, "README.md"), "bench\n")
   const out = path.join(ctx.tmp, "stream.out")
   const env = { ABOX_HOME: home }
-  const ours = () => watchRun([process.execPath, cli, "run", "--rm", repo, "--", "seq", "1", String(COUNT)], env, out)
+  const ours = () =>
+    watchRun([process.execPath, cli, "run", "--rm", repo, "--", "seq", "1", String(COUNT)], env, out)
   const guestFloor = () =>
     watchRun(
       [

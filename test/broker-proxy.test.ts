@@ -69,7 +69,10 @@ describe("guest CONNECT proxy (real sockets)", () => {
       expect(asked).toEqual(["evil.com:443", "[::1]:443"]) // passed on as written: the host decides
       // plain HTTP through the proxy: a 403 with the reason (status line, header, body), never a
       // 405 a client reports obscurely
-      const plain = await exchange(proxy.port, "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n")
+      const plain = await exchange(
+        proxy.port,
+        "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n"
+      )
       expect(plain).toMatch(/^HTTP\/1\.1 403 Forbidden \(abox: plain-http-not-brokered: [^\r]*\)\r\n/)
       expect(plain).toContain("X-Abox-Deny-Reason: plain-http-not-brokered")
       expect(plain).toMatch(/\r\n\r\nForbidden \(abox: plain-http-not-brokered[^\n]*\n$/)
@@ -99,7 +102,14 @@ describe("guest CONNECT proxy (real sockets)", () => {
     for (const name of ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"])
       expect(env[name]).toBe("http://127.0.0.1:3128")
     expect(env.NODE_EXTRA_CA_CERTS).toBe("/etc/abox/broker-ca.pem")
-    for (const name of ["SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "npm_config_cafile"])
+    for (const name of [
+      "SSL_CERT_FILE",
+      "CURL_CA_BUNDLE",
+      "REQUESTS_CA_BUNDLE",
+      "GIT_SSL_CAINFO",
+      "PIP_CERT",
+      "npm_config_cafile"
+    ])
       expect(env[name]).toBe("/etc/abox/ca-bundle.pem")
     // each client's own spelling of the proxy: npm, pip, git's http.proxy
     for (const name of ["npm_config_https_proxy", "npm_config_proxy", "PIP_PROXY"])

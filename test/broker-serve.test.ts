@@ -32,7 +32,9 @@ const brokerSession = (options: HttpsBrokerOptions) =>
     })
     const broker = yield* makeHttpsBroker(options)
     const sessionScope = yield* Scope.make()
-    const session = yield* broker.make(policy, { sessionId: "s-serve", sessionDir }).pipe(Scope.extend(sessionScope))
+    const session = yield* broker
+      .make(policy, { sessionId: "s-serve", sessionDir })
+      .pipe(Scope.extend(sessionScope))
     const queue = yield* Queue.unbounded<TunnelRequest>()
     yield* session.serve(Stream.fromQueue(queue)).pipe(Effect.forkIn(sessionScope))
     const open = Effect.fn(function* (channel: number) {
@@ -51,51 +53,58 @@ const bounded = <A, E, R>(what: string, effect: Effect.Effect<A, E, R>) =>
   effect.pipe(Effect.timeoutFail({ duration: "5 seconds", onTimeout: () => new Error(`${what} hangs`) }))
 
 describe("HttpsBroker serving a tunnel (an interruptible, scoped Effect)", () => {
-  it.live("a termination that cannot be set up is a typed failure: logged as an error, named in the close line", () => {
-    const logged: Array<{ level: string; text: string }> = []
-    const capture = Logger.make(({ cause, logLevel, message }) => {
-      logged.push({ level: logLevel.label, text: `${JSON.stringify(message)} ${Cause.pretty(cause)}` })
-    })
-    return Effect.gen(function* () {
-      // a negative header bound: node refuses to make the TLS server for the tunnel
-      const env = yield* brokerSession({ maxHeaderBytes: -1 })
-      const tunnel = yield* env.open(1)
-      yield* bounded("the failed tunnel's close", tunnel.ended)
-      // the tunnel's fiber is done (its slot given back) before the session closes
-      yield* bounded(
-        "the tunnel's slot",
-        env.session.active.pipe(Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }))
+  it.live(
+    "a termination that cannot be set up is a typed failure: logged as an error, named in the close line",
+    () => {
+      const logged: Array<{ level: string; text: string }> = []
+      const capture = Logger.make(({ cause, logLevel, message }) => {
+        logged.push({ level: logLevel.label, text: `${JSON.stringify(message)} ${Cause.pretty(cause)}` })
+      })
+      return Effect.gen(function* () {
+        // a negative header bound: node refuses to make the TLS server for the tunnel
+        const env = yield* brokerSession({ maxHeaderBytes: -1 })
+        const tunnel = yield* env.open(1)
+        yield* bounded("the failed tunnel's close", tunnel.ended)
+        // the tunnel's fiber is done (its slot given back) before the session closes
+        yield* bounded(
+          "the tunnel's slot",
+          env.session.active.pipe(
+            Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") })
+          )
+        )
+        yield* Scope.close(env.sessionScope, Exit.void)
+        const log = (yield* readBrokerLog(env.session.logPath)).entries
+        expect(log.map((e) => [e.event, e.decision, e.reason])).toEqual([
+          ["open", "allow", undefined],
+          ["close", "allow", "broker-failed:terminate"]
+        ])
+        const errors = logged.filter((l) => l.level === LogLevel.Error.label)
+        expect(errors.length).toBe(1)
+        expect(errors[0]!.text).toContain("broker tunnel failed")
+        expect(errors[0]!.text).toContain("TunnelFailed")
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(NodeFileSystem.layer),
+        Effect.provide(Logger.replace(Logger.defaultLogger, capture))
       )
-      yield* Scope.close(env.sessionScope, Exit.void)
-      const log = (yield* readBrokerLog(env.session.logPath)).entries
-      expect(log.map((e) => [e.event, e.decision, e.reason])).toEqual([
-        ["open", "allow", undefined],
-        ["close", "allow", "broker-failed:terminate"]
-      ])
-      const errors = logged.filter((l) => l.level === LogLevel.Error.label)
-      expect(errors.length).toBe(1)
-      expect(errors[0]!.text).toContain("broker tunnel failed")
-      expect(errors[0]!.text).toContain("TunnelFailed")
-    }).pipe(
-      Effect.scoped,
-      Effect.provide(NodeFileSystem.layer),
-      Effect.provide(Logger.replace(Logger.defaultLogger, capture))
-    )
-  })
+    }
+  )
 
-  it.live("closing the session's scope interrupts a terminated tunnel: the guest end closes, the close line says so", () =>
-    Effect.gen(function* () {
-      const env = yield* brokerSession({})
-      const tunnel = yield* env.open(2)
-      // the TLS handshake is under way (a ClientHello sent, never finished)
-      tunnel.stream.write(yield* Effect.promise(() => clientHelloBytes(NAME)))
-      yield* bounded("closing the session scope", Scope.close(env.sessionScope, Exit.void))
-      yield* bounded("the guest end's close", tunnel.ended)
-      const log = (yield* readBrokerLog(env.session.logPath)).entries
-      expect(log.map((e) => [e.event, e.decision, e.reason])).toEqual([
-        ["open", "allow", undefined],
-        ["close", "allow", "session-closed"]
-      ])
-    }).pipe(Effect.scoped, Effect.provide(NodeFileSystem.layer))
+  it.live(
+    "closing the session's scope interrupts a terminated tunnel: the guest end closes, the close line says so",
+    () =>
+      Effect.gen(function* () {
+        const env = yield* brokerSession({})
+        const tunnel = yield* env.open(2)
+        // the TLS handshake is under way (a ClientHello sent, never finished)
+        tunnel.stream.write(yield* Effect.promise(() => clientHelloBytes(NAME)))
+        yield* bounded("closing the session scope", Scope.close(env.sessionScope, Exit.void))
+        yield* bounded("the guest end's close", tunnel.ended)
+        const log = (yield* readBrokerLog(env.session.logPath)).entries
+        expect(log.map((e) => [e.event, e.decision, e.reason])).toEqual([
+          ["open", "allow", undefined],
+          ["close", "allow", "session-closed"]
+        ])
+      }).pipe(Effect.scoped, Effect.provide(NodeFileSystem.layer))
   )
 })

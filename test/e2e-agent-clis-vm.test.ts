@@ -73,7 +73,10 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
           ANTHROPIC_API_KEY: `sk-ant-canary-${Math.random().toString(36).slice(2)}`,
           OPENAI_API_KEY: `sk-openai-canary-${Math.random().toString(36).slice(2)}`
         }
-        const saved = { ANTHROPIC_API_KEY: process.env.ANTHROPIC_API_KEY, OPENAI_API_KEY: process.env.OPENAI_API_KEY }
+        const saved = {
+          ANTHROPIC_API_KEY: process.env.ANTHROPIC_API_KEY,
+          OPENAI_API_KEY: process.env.OPENAI_API_KEY
+        }
         Object.assign(process.env, secrets)
         yield* Effect.addFinalizer(() =>
           Effect.sync(() => {
@@ -128,17 +131,24 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
               memoryMiB: 2048
             })
             const run = (text: string) =>
-              Effect.map(Stream.runCollect(session.turn(text)), (events) => outcomeOf(Chunk.toReadonlyArray(events)))
+              Effect.map(Stream.runCollect(session.turn(text)), (events) =>
+                outcomeOf(Chunk.toReadonlyArray(events))
+              )
             const env = yield* run("env; command -v claude; command -v codex")
             const claude = yield* run(presetTurn("claude", "write claude.txt, then say you are done"))
             const claudeRequests = mock.requests.length
             // Codex: exec_command (its shell tool), then the answer
             mock.push(
-              { kind: "tools", calls: [{ name: "exec_command", input: { cmd: "echo from-codex > codex.txt && id -un" } }] },
+              {
+                kind: "tools",
+                calls: [{ name: "exec_command", input: { cmd: "echo from-codex > codex.txt && id -un" } }]
+              },
               { kind: "text", chunks: ["codex ", "is done"] }
             )
             const codex = yield* run(presetTurn("codex", "write codex.txt, then say you are done"))
-            const files = yield* run("cd /work/repo && stat -c '%U %n' claude.txt codex.txt && cat claude.txt codex.txt")
+            const files = yield* run(
+              "cd /work/repo && stat -c '%U %n' claude.txt codex.txt && cat claude.txt codex.txt"
+            )
             return { env, claude, claudeRequests, codex, files, id: session.id }
           })
         ).pipe(Effect.provide(layer))
@@ -156,7 +166,10 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
         // Claude Code: stream-json events, the tool ran as the unprivileged user, the answer came back
         expect(results.claude.exitCode, show(results.claude)).toBe(0)
         const claudeEvents = jsonLines(results.claude.out)
-        expect(claudeEvents.some((e) => e.type === "system"), show(results.claude)).toBe(true)
+        expect(
+          claudeEvents.some((e) => e.type === "system"),
+          show(results.claude)
+        ).toBe(true)
         expect(JSON.stringify(claudeEvents.filter((e) => e.type === "user"))).toContain("agent")
         const claudeResult = claudeEvents.find((e) => e.type === "result")
         expect(claudeResult?.result, show(results.claude)).toBe("claude is done")
@@ -186,7 +199,8 @@ describe.skipIf(skip !== undefined)("agent CLIs in the workstation image with a 
         for (const request of responses) {
           expect(request.headers.authorization).toBe(`Bearer ${secrets.OPENAI_API_KEY}`)
         }
-        for (const request of mock.requests) expect(JSON.stringify(request.headers)).not.toContain("abox-placeholder")
+        for (const request of mock.requests)
+          expect(JSON.stringify(request.headers)).not.toContain("abox-placeholder")
         // what else the CLIs tried (Codex: github.com, api.github.com, chatgpt.com) was denied and logged
         const denied = new Set(log.entries.filter((e) => e.decision === "deny").map((e) => e.host))
         expect([...denied], JSON.stringify([...denied])).toEqual(expect.arrayContaining(["chatgpt.com"]))

@@ -15,7 +15,13 @@ import * as path from "node:path"
 import type { BrokerPolicy } from "../src/broker/policy.js"
 import { open, resume } from "../src/programs/session.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
-import { ensureTestImage, processesMentioning, testHome, vmSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
+import {
+  ensureTestImage,
+  processesMentioning,
+  testHome,
+  vmSkipReason,
+  vmSessionLayer
+} from "./e2e-vm-image.js"
 import { startUpstream } from "./support/brokerHarness.js"
 
 const skip = vmSkipReason()

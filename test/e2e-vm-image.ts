@@ -171,7 +171,8 @@ const recipeDigest = (): string => {
 
 /** why the workstation image cannot be built here (debootstrap, a Debian mirror), or undefined */
 export const workstationSkipReason = (): string | undefined =>
-  vmSkipReason() ?? (has("debootstrap") ? undefined : "debootstrap is missing: the workstation image cannot be built")
+  vmSkipReason() ??
+  (has("debootstrap") ? undefined : "debootstrap is missing: the workstation image cannot be built")
 
 const WORKSTATION = "abox-full"
 

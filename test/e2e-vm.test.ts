@@ -65,10 +65,14 @@ describe.skipIf(skip !== undefined)("QEMU end to end (real kernel, real guest ag
           )
         )
         const streamBytes = (kind: string) =>
-          Buffer.concat(big.flatMap((e) => (e._tag === "Event" && e.event.kind === kind && e.bytes ? [e.bytes] : [])))
+          Buffer.concat(
+            big.flatMap((e) => (e._tag === "Event" && e.event.kind === kind && e.bytes ? [e.bytes] : []))
+          )
         const digest = yield* runTurn(second.connection, "sha256sum /tmp/big.bin")
         expect(streamBytes("stdout").length).toBe(3_000_000)
-        expect(crypto.createHash("sha256").update(streamBytes("stdout")).digest("hex")).toBe(digest.split(" ")[0])
+        expect(crypto.createHash("sha256").update(streamBytes("stdout")).digest("hex")).toBe(
+          digest.split(" ")[0]
+        )
         expect(streamBytes("stderr").toString()).toBe(
           Array.from({ length: 300000 }, (_, i) => `${i + 1}\n`).join("")
         )

@@ -23,8 +23,19 @@ import * as path from "node:path"
 import { type BrokerPolicy, presetRules, withRules } from "../src/broker/policy.js"
 import { open } from "../src/programs/session.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
-import { ensureWorkstationImage, repoRoot, testHome, workstationSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
-import { makeWheel, type NpmPackage, packDirectory, startWorkstationUpstream } from "./support/workstationUpstream.js"
+import {
+  ensureWorkstationImage,
+  repoRoot,
+  testHome,
+  workstationSkipReason,
+  vmSessionLayer
+} from "./e2e-vm-image.js"
+import {
+  makeWheel,
+  type NpmPackage,
+  packDirectory,
+  startWorkstationUpstream
+} from "./support/workstationUpstream.js"
 
 const hasGit = (() => {
   try {
@@ -108,10 +119,14 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
         const gitRoot = path.join(work, "git")
         const seed = path.join(work, "seed")
         const git = (cwd: string, ...args: Array<string>) =>
-          execFileSync("git", ["-c", "user.name=abox", "-c", "user.email=abox@test", "-c", "init.defaultBranch=main", ...args], {
-            cwd,
-            stdio: ["ignore", "pipe", "pipe"]
-          })
+          execFileSync(
+            "git",
+            ["-c", "user.name=abox", "-c", "user.email=abox@test", "-c", "init.defaultBranch=main", ...args],
+            {
+              cwd,
+              stdio: ["ignore", "pipe", "pipe"]
+            }
+          )
         fs.mkdirSync(gitRoot)
         fs.mkdirSync(seed)
         git(gitRoot, "init", "-q", "--bare", "demo.git")
@@ -141,7 +156,9 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
           ABOX_TEST_FILES_TOKEN: `files-${Math.random().toString(36).slice(2)}`,
           ABOX_TEST_NPM_TOKEN: `npm-${Math.random().toString(36).slice(2)}`,
           ABOX_TEST_PYPI_TOKEN: `pypi-${Math.random().toString(36).slice(2)}`,
-          ABOX_TEST_GIT_BASIC: Buffer.from(`x-access-token:git-${Math.random().toString(36).slice(2)}`).toString("base64"),
+          ABOX_TEST_GIT_BASIC: Buffer.from(
+            `x-access-token:git-${Math.random().toString(36).slice(2)}`
+          ).toString("base64"),
           ABOX_TEST_OPENAI_KEY: `sk-openai-${Math.random().toString(36).slice(2)}`,
           ABOX_TEST_ANTHROPIC_KEY: `sk-ant-${Math.random().toString(36).slice(2)}`
         }
@@ -157,8 +174,18 @@ describe.skipIf(skip !== undefined)("workstation image with a real VM", () => {
           // every test host is TLS-terminated (the guest trusts the session CA, the broker the test CA)
           credentials: [
             { host: host("files"), header: "x-abox-test-token", fromEnv: "ABOX_TEST_FILES_TOKEN" },
-            { host: host("registry"), header: "authorization", fromEnv: "ABOX_TEST_NPM_TOKEN", format: "Bearer {}" },
-            { host: host("pypi"), header: "authorization", fromEnv: "ABOX_TEST_PYPI_TOKEN", format: "Bearer {}" },
+            {
+              host: host("registry"),
+              header: "authorization",
+              fromEnv: "ABOX_TEST_NPM_TOKEN",
+              format: "Bearer {}"
+            },
+            {
+              host: host("pypi"),
+              header: "authorization",
+              fromEnv: "ABOX_TEST_PYPI_TOKEN",
+              format: "Bearer {}"
+            },
             { host: host("git"), header: "authorization", fromEnv: "ABOX_TEST_GIT_BASIC", format: "Basic {}" }
           ],
           resolve: {
@@ -289,7 +316,11 @@ const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY })
                 `echo "plain wget: $(wget -O- http://files.${DOMAIN}/ 2>&1 | grep -i 403)"`
             )
             // where a slow run spends its time (not asserted: the machine's load decides)
-            console.log(`workstation turns: ${Object.keys(results).map((name, i) => `${name} ${took[i]}`).join(", ")}`)
+            console.log(
+              `workstation turns: ${Object.keys(results)
+                .map((name, i) => `${name} ${took[i]}`)
+                .join(", ")}`
+            )
             return results
           })
         ).pipe(Effect.provide(layer))
@@ -302,7 +333,8 @@ const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY })
         expect(results.tools?.out).toContain("venv ok")
         expect(results.tools?.out).toContain("gcc ok")
         // the guest holds placeholders only
-        for (const name of Object.keys(secrets)) expect(results.env?.out).toContain(`${name}=abox-placeholder`)
+        for (const name of Object.keys(secrets))
+          expect(results.env?.out).toContain(`${name}=abox-placeholder`)
         for (const value of Object.values(secrets)) expect(results.env?.out).not.toContain(value)
         expect(results.curl, show("curl")).toEqual({ out: "hello from files\n", exitCode: 0 })
         expect(results.wget, show("wget")).toEqual({ out: "hello from files\n", exitCode: 0 })
@@ -334,16 +366,24 @@ const client = new Anthropic({ apiKey: process.env.ABOX_TEST_ANTHROPIC_KEY })
         const headersOf = (name: string, header: string) =>
           upstream.seen.filter((r) => r.name === name).map((r) => r.headers[header])
         expect(headersOf("files", "x-abox-test-token")).toContain(secrets.ABOX_TEST_FILES_TOKEN)
-        expect(new Set(headersOf("registry", "authorization"))).toEqual(new Set([`Bearer ${secrets.ABOX_TEST_NPM_TOKEN}`]))
-        expect(new Set(headersOf("pypi", "authorization"))).toEqual(new Set([`Bearer ${secrets.ABOX_TEST_PYPI_TOKEN}`]))
-        expect(new Set(headersOf("git", "authorization"))).toEqual(new Set([`Basic ${secrets.ABOX_TEST_GIT_BASIC}`]))
+        expect(new Set(headersOf("registry", "authorization"))).toEqual(
+          new Set([`Bearer ${secrets.ABOX_TEST_NPM_TOKEN}`])
+        )
+        expect(new Set(headersOf("pypi", "authorization"))).toEqual(
+          new Set([`Bearer ${secrets.ABOX_TEST_PYPI_TOKEN}`])
+        )
+        expect(new Set(headersOf("git", "authorization"))).toEqual(
+          new Set([`Basic ${secrets.ABOX_TEST_GIT_BASIC}`])
+        )
         expect(headersOf("openai", "authorization")).toEqual([`Bearer ${secrets.ABOX_TEST_OPENAI_KEY}`])
         // the preset's header; the SDK's own `Authorization: Bearer abox-placeholder` was dropped on the host
         expect(headersOf("anthropic", "x-api-key")).toEqual([secrets.ABOX_TEST_ANTHROPIC_KEY])
         expect(headersOf("anthropic", "authorization")).toEqual([undefined])
         // and no placeholder went upstream
         for (const request of upstream.seen)
-          expect(JSON.stringify(request.headers), `${request.name} ${request.url}`).not.toContain("abox-placeholder")
+          expect(JSON.stringify(request.headers), `${request.name} ${request.url}`).not.toContain(
+            "abox-placeholder"
+          )
       }).pipe(Effect.scoped),
     1_800_000
   )

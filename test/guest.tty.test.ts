@@ -29,10 +29,31 @@ describe("telnet codec", () => {
   it("drops negotiation and SB blocks, undoubles IAC IAC, drops the leading CR CR LF", () => {
     const decoder = new TelnetDecoder()
     const wire = Buffer.from([
-      0xff, 0xfd, 0x01, 0xff, 0xfd, 0x1f, 0xff, 0xfb, 0x01, 0xff, 0xfb, 0x03, // negotiation
-      0x0d, 0x0d, 0x0a, // telnetd's leading line
-      0x61, 0xff, 0xff, 0x62, // a, 0xFF, b
-      0xff, 0xfa, 0x18, 0x01, 0xff, 0xf0, // an SB block
+      0xff,
+      0xfd,
+      0x01,
+      0xff,
+      0xfd,
+      0x1f,
+      0xff,
+      0xfb,
+      0x01,
+      0xff,
+      0xfb,
+      0x03, // negotiation
+      0x0d,
+      0x0d,
+      0x0a, // telnetd's leading line
+      0x61,
+      0xff,
+      0xff,
+      0x62, // a, 0xFF, b
+      0xff,
+      0xfa,
+      0x18,
+      0x01,
+      0xff,
+      0xf0, // an SB block
       0x63
     ])
     // byte by byte: every sequence cut by a read
@@ -48,7 +69,9 @@ describe("telnet codec", () => {
   })
 
   it("doubles 0xFF and sends CR as CR NUL; NAWS with 0xFF doubled", () => {
-    expect([...encodeInput(Buffer.from([0x61, 0xff, 0x0d, 0x0a]))]).toEqual([0x61, 0xff, 0xff, 0x0d, 0x00, 0x0a])
+    expect([...encodeInput(Buffer.from([0x61, 0xff, 0x0d, 0x0a]))]).toEqual([
+      0x61, 0xff, 0xff, 0x0d, 0x00, 0x0a
+    ])
     expect([...encodeResize(40, 120)]).toEqual([0xff, 0xfa, 31, 0, 120, 0, 40, 0xff, 0xf0])
     expect([...encodeResize(255, 511)]).toEqual([0xff, 0xfa, 31, 1, 0xff, 0xff, 0, 0xff, 0xff, 0xff, 0xf0])
   })
@@ -111,39 +134,47 @@ describe.skipIf(!hasBusybox)("tty turns on busybox telnetd", () => {
     expect(runner.current).toBeUndefined()
   })
 
-  it("^C on input is a SIGINT in the command (130); a forwarded signal and cancel end it too", { timeout: 60_000 }, async () => {
-    const runner = makeRunner()
-    const events: Array<AgentEvent> = []
-    const sink = (event: AgentEvent) => {
-      events.push(event)
+  it(
+    "^C on input is a SIGINT in the command (130); a forwarded signal and cancel end it too",
+    { timeout: 60_000 },
+    async () => {
+      const runner = makeRunner()
+      const events: Array<AgentEvent> = []
+      const sink = (event: AgentEvent) => {
+        events.push(event)
+      }
+      const first = runner.run(2, "echo ready; sleep 30; echo not-reached", { rows: 24, cols: 80 }, sink)
+      await waitFor(events, "ready")
+      runner.input(2, Buffer.from([0x03]))
+      expect(await first).toEqual({ exitCode: 130, signal: null, cancelled: false })
+      expect(text(events)).not.toContain("not-reached")
+
+      events.length = 0
+      const second = runner.run(3, "echo ready; sleep 30", { rows: 24, cols: 80 }, sink)
+      await waitFor(events, "ready")
+      expect(await runner.signal(3, "SIGTERM")).toBe(true)
+      expect(await second).toEqual({ exitCode: 143, signal: null, cancelled: false })
+
+      events.length = 0
+      const third = runner.run(4, "echo ready; sleep 30", { rows: 24, cols: 80 }, sink)
+      await waitFor(events, "ready")
+      expect(runner.cancel(4)).toBe(true)
+      expect(await third).toMatchObject({ cancelled: true })
+      expect(runner.input(4, Buffer.from("x"))).toBe(false)
     }
-    const first = runner.run(2, "echo ready; sleep 30; echo not-reached", { rows: 24, cols: 80 }, sink)
-    await waitFor(events, "ready")
-    runner.input(2, Buffer.from([0x03]))
-    expect(await first).toEqual({ exitCode: 130, signal: null, cancelled: false })
-    expect(text(events)).not.toContain("not-reached")
+  )
 
-    events.length = 0
-    const second = runner.run(3, "echo ready; sleep 30", { rows: 24, cols: 80 }, sink)
-    await waitFor(events, "ready")
-    expect(await runner.signal(3, "SIGTERM")).toBe(true)
-    expect(await second).toEqual({ exitCode: 143, signal: null, cancelled: false })
-
-    events.length = 0
-    const third = runner.run(4, "echo ready; sleep 30", { rows: 24, cols: 80 }, sink)
-    await waitFor(events, "ready")
-    expect(runner.cancel(4)).toBe(true)
-    expect(await third).toMatchObject({ cancelled: true })
-    expect(runner.input(4, Buffer.from("x"))).toBe(false)
-  })
-
-  it("no repository to run in: the turn cannot start (rejects, as other turns do) and leaves nothing", { timeout: 60_000 }, async () => {
-    const runner = new TtyTurnRunner({ repoDir: "/nonexistent-abox-repo", model: "test", user: undefined })
-    const before = fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("abox-tty-")).length
-    await expect(runner.run(5, "true", { rows: 24, cols: 80 }, () => undefined)).rejects.toThrow(/ENOENT/)
-    expect(runner.current).toBeUndefined()
-    expect(fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("abox-tty-")).length).toBe(before)
-  })
+  it(
+    "no repository to run in: the turn cannot start (rejects, as other turns do) and leaves nothing",
+    { timeout: 60_000 },
+    async () => {
+      const runner = new TtyTurnRunner({ repoDir: "/nonexistent-abox-repo", model: "test", user: undefined })
+      const before = fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("abox-tty-")).length
+      await expect(runner.run(5, "true", { rows: 24, cols: 80 }, () => undefined)).rejects.toThrow(/ENOENT/)
+      expect(runner.current).toBeUndefined()
+      expect(fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("abox-tty-")).length).toBe(before)
+    }
+  )
 })
 
 const cleanups: Array<() => void> = []
@@ -159,130 +190,172 @@ const stdoutOf = (received: ReadonlyArray<{ readonly message: ControlMessage }>,
   )
 
 describe.skipIf(!hasBusybox)("tty turns through the real guest agent (protocol v4, FEATURE_TTY)", () => {
-  it("offers tty in hello; tty_turn, turn_resize, turn_input, turn_signal; turn_end carries the status", { timeout: 60_000 }, async () => {
-    const dirs = makeGuestDirs()
-    fs.chmodSync(dirs.root, 0o755) // the turn user (65534 as root) enters the repository
-    writeConfig(dirs)
-    const server: net.Server = await listenHost(dirs.socket)
-    const accepted = acceptHost(server)
-    const guest = spawnGuest(dirs)
-    cleanups.push(() => {
-      guest.child.kill("SIGKILL")
-      server.close()
-    })
-    const host = await accepted
-    const hello = await host.next("hello")
-    expect(hello.features).toContain("tty")
-    await host.next("ready")
+  it(
+    "offers tty in hello; tty_turn, turn_resize, turn_input, turn_signal; turn_end carries the status",
+    { timeout: 60_000 },
+    async () => {
+      const dirs = makeGuestDirs()
+      fs.chmodSync(dirs.root, 0o755) // the turn user (65534 as root) enters the repository
+      writeConfig(dirs)
+      const server: net.Server = await listenHost(dirs.socket)
+      const accepted = acceptHost(server)
+      const guest = spawnGuest(dirs)
+      cleanups.push(() => {
+        guest.child.kill("SIGKILL")
+        server.close()
+      })
+      const host = await accepted
+      const hello = await host.next("hello")
+      expect(hello.features).toContain("tty")
+      await host.next("ready")
 
-    const waitOut = async (turn: number, needle: string) => {
-      for (let i = 0; i < 600 && !stdoutOf(host.received, turn).includes(needle); i++) {
-        await new Promise((resolve) => setTimeout(resolve, 50))
+      const waitOut = async (turn: number, needle: string) => {
+        for (let i = 0; i < 600 && !stdoutOf(host.received, turn).includes(needle); i++) {
+          await new Promise((resolve) => setTimeout(resolve, 50))
+        }
+        expect(stdoutOf(host.received, turn)).toContain(needle)
       }
-      expect(stdoutOf(host.received, turn)).toContain(needle)
+
+      await host.mux.sendControl({
+        type: "tty_turn",
+        turn: 1,
+        text: 'stty size; echo ready; read line; stty size; echo "got=$line"; exit 5',
+        rows: 30,
+        cols: 90,
+        term: "xterm"
+      })
+      await waitOut(1, "ready")
+      // a user_turn while the tty turn runs is refused: one turn at a time
+      await host.mux.sendControl({ type: "user_turn", turn: 2, text: "true" })
+      expect(await host.next("error")).toMatchObject({ code: "turn_busy", turn: 2 })
+      await host.mux.sendControl({ type: "turn_resize", turn: 1, rows: 40, cols: 132 })
+      await new Promise((resolve) => setTimeout(resolve, 300))
+      await host.mux.sendControl({
+        type: "turn_input",
+        turn: 1,
+        data: Buffer.from("typed\r").toString("base64")
+      })
+      expect(await host.next("turn_end")).toEqual({
+        type: "turn_end",
+        turn: 1,
+        exitCode: 5,
+        signal: null,
+        cancelled: false
+      })
+      const out = stdoutOf(host.received, 1)
+      expect(out).toMatch(/^30 90\r\nready\r\n/)
+      expect(out).toContain("40 132\r\ngot=typed\r\n")
+
+      await host.mux.sendControl({
+        type: "tty_turn",
+        turn: 3,
+        text: "echo ready; sleep 30",
+        rows: 24,
+        cols: 80
+      })
+      await waitOut(3, "ready")
+      await host.mux.sendControl({ type: "turn_signal", turn: 3, signal: "SIGINT" })
+      expect(await host.next("turn_end")).toEqual({
+        type: "turn_end",
+        turn: 3,
+        exitCode: 130,
+        signal: null,
+        cancelled: false
+      })
+
+      // input for a turn that has ended crossed its end on the wire: dropped, no error
+      await host.mux.sendControl({ type: "turn_input", turn: 3, data: "eA==" })
+      await host.mux.sendControl({ type: "shutdown" })
+      expect((await guest.exited).code).toBe(0)
+      expect(host.received.filter(({ message }) => message.type === "error")).toHaveLength(1)
     }
-
-    await host.mux.sendControl({
-      type: "tty_turn",
-      turn: 1,
-      text: "stty size; echo ready; read line; stty size; echo \"got=$line\"; exit 5",
-      rows: 30,
-      cols: 90,
-      term: "xterm"
-    })
-    await waitOut(1, "ready")
-    // a user_turn while the tty turn runs is refused: one turn at a time
-    await host.mux.sendControl({ type: "user_turn", turn: 2, text: "true" })
-    expect(await host.next("error")).toMatchObject({ code: "turn_busy", turn: 2 })
-    await host.mux.sendControl({ type: "turn_resize", turn: 1, rows: 40, cols: 132 })
-    await new Promise((resolve) => setTimeout(resolve, 300))
-    await host.mux.sendControl({ type: "turn_input", turn: 1, data: Buffer.from("typed\r").toString("base64") })
-    expect(await host.next("turn_end")).toEqual({ type: "turn_end", turn: 1, exitCode: 5, signal: null, cancelled: false })
-    const out = stdoutOf(host.received, 1)
-    expect(out).toMatch(/^30 90\r\nready\r\n/)
-    expect(out).toContain("40 132\r\ngot=typed\r\n")
-
-    await host.mux.sendControl({ type: "tty_turn", turn: 3, text: "echo ready; sleep 30", rows: 24, cols: 80 })
-    await waitOut(3, "ready")
-    await host.mux.sendControl({ type: "turn_signal", turn: 3, signal: "SIGINT" })
-    expect(await host.next("turn_end")).toEqual({ type: "turn_end", turn: 3, exitCode: 130, signal: null, cancelled: false })
-
-    // input for a turn that has ended crossed its end on the wire: dropped, no error
-    await host.mux.sendControl({ type: "turn_input", turn: 3, data: "eA==" })
-    await host.mux.sendControl({ type: "shutdown" })
-    expect((await guest.exited).code).toBe(0)
-    expect(host.received.filter(({ message }) => message.type === "error")).toHaveLength(1)
-  })
+  )
 })
 
 describe.skipIf(!hasBusybox)("GuestConnection.ttyTurn (host GuestRpcLive ↔ the real guest agent)", () => {
-  it.live("controls go to the guest while the turn runs; End carries the status", () =>
-    Effect.gen(function* () {
-      const dirs = makeGuestDirs()
-      fs.chmodSync(dirs.root, 0o755)
-      writeConfig(dirs)
-      const rpc = yield* GuestRpc
-      const { accept } = yield* rpc.listen(dirs.socket, { helloTimeout: "30 seconds", shutdownTimeout: "10 seconds" })
-      const guest = spawnGuest(dirs)
-      yield* Effect.addFinalizer(() => Effect.sync(() => guest.child.kill("SIGKILL")))
-      const connection = yield* accept
-      expect(connection.hello.features).toContain("tty")
-      const controls = yield* Queue.unbounded<TtyControl>()
-      const events: Array<AgentEvent> = []
-      let fed = false
-      const end = yield* connection
-        .ttyTurn("stty size; echo ready; read line; stty size; echo \"got=$line\"; exit 9", {
-          rows: 20,
-          cols: 70,
-          term: "vt100",
-          controls: Stream.fromQueue(controls)
+  it.live(
+    "controls go to the guest while the turn runs; End carries the status",
+    () =>
+      Effect.gen(function* () {
+        const dirs = makeGuestDirs()
+        fs.chmodSync(dirs.root, 0o755)
+        writeConfig(dirs)
+        const rpc = yield* GuestRpc
+        const { accept } = yield* rpc.listen(dirs.socket, {
+          helloTimeout: "30 seconds",
+          shutdownTimeout: "10 seconds"
         })
-        .pipe(
-          Stream.tap((event) =>
-            Effect.gen(function* () {
-              if (event._tag !== "Event") return
-              events.push(event.event)
-              if (!fed && text(events).includes("ready")) {
-                fed = true
-                yield* Queue.offer(controls, { _tag: "Resize", rows: 45, cols: 150 })
-                yield* Effect.sleep("300 millis")
-                yield* Queue.offer(controls, { _tag: "Input", bytes: Buffer.from("over rpc\r") })
-              }
-            })
-          ),
-          Stream.runLast
-        )
-      expect(Option.getOrThrow(end)).toEqual({ _tag: "End", exitCode: 9, signal: null, cancelled: false })
-      const out = text(events)
-      expect(out).toMatch(/^20 70\r\nready\r\n/)
-      expect(out).toContain("45 150\r\ngot=over rpc\r\n")
-    }).pipe(Effect.scoped, Effect.provide(GuestRpcLive)),
+        const guest = spawnGuest(dirs)
+        yield* Effect.addFinalizer(() => Effect.sync(() => guest.child.kill("SIGKILL")))
+        const connection = yield* accept
+        expect(connection.hello.features).toContain("tty")
+        const controls = yield* Queue.unbounded<TtyControl>()
+        const events: Array<AgentEvent> = []
+        let fed = false
+        const end = yield* connection
+          .ttyTurn('stty size; echo ready; read line; stty size; echo "got=$line"; exit 9', {
+            rows: 20,
+            cols: 70,
+            term: "vt100",
+            controls: Stream.fromQueue(controls)
+          })
+          .pipe(
+            Stream.tap((event) =>
+              Effect.gen(function* () {
+                if (event._tag !== "Event") return
+                events.push(event.event)
+                if (!fed && text(events).includes("ready")) {
+                  fed = true
+                  yield* Queue.offer(controls, { _tag: "Resize", rows: 45, cols: 150 })
+                  yield* Effect.sleep("300 millis")
+                  yield* Queue.offer(controls, { _tag: "Input", bytes: Buffer.from("over rpc\r") })
+                }
+              })
+            ),
+            Stream.runLast
+          )
+        expect(Option.getOrThrow(end)).toEqual({ _tag: "End", exitCode: 9, signal: null, cancelled: false })
+        const out = text(events)
+        expect(out).toMatch(/^20 70\r\nready\r\n/)
+        expect(out).toContain("45 150\r\ngot=over rpc\r\n")
+      }).pipe(Effect.scoped, Effect.provide(GuestRpcLive)),
     60_000
   )
 
-  it.live("a guest that does not offer tty: TtyUnsupported, and nothing is sent to it", () =>
-    Effect.gen(function* () {
-      const dirs = makeGuestDirs()
-      const rpc = yield* GuestRpc
-      const { accept } = yield* rpc.listen(dirs.socket, { helloTimeout: "30 seconds", shutdownTimeout: "5 seconds" })
-      const received: Array<ControlMessage> = []
-      const socket = netConnect(dirs.socket)
-      yield* Effect.addFinalizer(() => Effect.sync(() => socket.destroy()))
-      const mux = new Mux(socket)
-      mux.onControl((message) => {
-        received.push(message)
-        if (message.type === "shutdown") mux.close()
-      })
-      mux.onError(() => undefined)
-      void mux.sendControl({ type: "hello", protocol: 4, arch: "x86_64", build: "old", features: ["export"] })
-      void mux.sendControl({ type: "ready" })
-      const connection = yield* accept
-      const error = yield* connection
-        .ttyTurn("true", { rows: 24, cols: 80, controls: Stream.empty })
-        .pipe(Stream.runDrain, Effect.flip)
-      expect(error._tag).toBe("TtyUnsupported")
-      expect(received).toEqual([])
-    }).pipe(Effect.scoped, Effect.provide(GuestRpcLive)),
+  it.live(
+    "a guest that does not offer tty: TtyUnsupported, and nothing is sent to it",
+    () =>
+      Effect.gen(function* () {
+        const dirs = makeGuestDirs()
+        const rpc = yield* GuestRpc
+        const { accept } = yield* rpc.listen(dirs.socket, {
+          helloTimeout: "30 seconds",
+          shutdownTimeout: "5 seconds"
+        })
+        const received: Array<ControlMessage> = []
+        const socket = netConnect(dirs.socket)
+        yield* Effect.addFinalizer(() => Effect.sync(() => socket.destroy()))
+        const mux = new Mux(socket)
+        mux.onControl((message) => {
+          received.push(message)
+          if (message.type === "shutdown") mux.close()
+        })
+        mux.onError(() => undefined)
+        void mux.sendControl({
+          type: "hello",
+          protocol: 4,
+          arch: "x86_64",
+          build: "old",
+          features: ["export"]
+        })
+        void mux.sendControl({ type: "ready" })
+        const connection = yield* accept
+        const error = yield* connection
+          .ttyTurn("true", { rows: 24, cols: 80, controls: Stream.empty })
+          .pipe(Stream.runDrain, Effect.flip)
+        expect(error._tag).toBe("TtyUnsupported")
+        expect(received).toEqual([])
+      }).pipe(Effect.scoped, Effect.provide(GuestRpcLive)),
     30_000
   )
 })

@@ -197,52 +197,65 @@ describe("GuestRpcLive over a real unix socket", () => {
     }).pipe(provide)
   )
 
-  it.scoped("a guest that reads a transfer to its EOF and never sends transfer_end: GuestTimeout (TestClock)", () =>
-    Effect.gen(function* () {
-      const path = socketPath()
-      const { accept } = yield* listen(path, { ...options, transferEndTimeout: "30 seconds" })
-      const guestP = fakeGuest(path, (guest, m) => {
-        // drain the tar, then say nothing
-        if (m.type === "transfer_begin") void (async () => { for await (const _ of guest.mux.channel(m.channel).readable); })()
-      })
-      const conn = yield* accept
-      yield* Effect.promise(() => guestP)
-      const f = yield* Effect.fork(conn.transfer(Stream.make(new Uint8Array(1000)), "/work/repo"))
-      yield* realDelay(100)
-      yield* TestClock.adjust("29 seconds")
-      yield* realDelay(20)
-      expect(f.unsafePoll()).toBeNull()
-      yield* TestClock.adjust("1 second")
-      expect(yield* Fiber.join(f).pipe(Effect.flip)).toMatchObject({
-        _tag: "GuestTimeout",
-        waitingFor: "transfer_end"
-      })
-    }).pipe(provide)
+  it.scoped(
+    "a guest that reads a transfer to its EOF and never sends transfer_end: GuestTimeout (TestClock)",
+    () =>
+      Effect.gen(function* () {
+        const path = socketPath()
+        const { accept } = yield* listen(path, { ...options, transferEndTimeout: "30 seconds" })
+        const guestP = fakeGuest(path, (guest, m) => {
+          // drain the tar, then say nothing
+          if (m.type === "transfer_begin")
+            void (async () => {
+              for await (const _ of guest.mux.channel(m.channel).readable);
+            })()
+        })
+        const conn = yield* accept
+        yield* Effect.promise(() => guestP)
+        const f = yield* Effect.fork(conn.transfer(Stream.make(new Uint8Array(1000)), "/work/repo"))
+        yield* realDelay(100)
+        yield* TestClock.adjust("29 seconds")
+        yield* realDelay(20)
+        expect(f.unsafePoll()).toBeNull()
+        yield* TestClock.adjust("1 second")
+        expect(yield* Fiber.join(f).pipe(Effect.flip)).toMatchObject({
+          _tag: "GuestTimeout",
+          waitingFor: "transfer_end"
+        })
+      }).pipe(provide)
   )
 
-  it.live("output events carry their exact bytes: base64 from a current guest, UTF-8 of data from an old one", () =>
-    Effect.gen(function* () {
-      const path = socketPath()
-      const { accept } = yield* listen(path)
-      const binary = Buffer.from([0xff, 0x00, 0xfe, 0x41])
-      const guestP = fakeGuest(path, async (guest, m) => {
-        if (m.type !== "user_turn") return
-        const event = (e: Extract<ControlMessage, { type: "agent_event" }>["event"]) =>
-          guest.mux.sendControl({ type: "agent_event", turn: m.turn, event: e })
-        await event({ kind: "stdout", data: "\ufffd\u0000\ufffdA", base64: binary.toString("base64") })
-        await event({ kind: "stderr", data: "h\u00e9llo" }) // an old guest: no base64
-        await event({ kind: "status", message: "note" })
-        await guest.mux.sendControl({ type: "turn_end", turn: m.turn, exitCode: 0, signal: null, cancelled: false })
-      })
-      const conn = yield* accept
-      yield* Effect.promise(() => guestP)
-      const events = Chunk.toReadonlyArray(yield* Stream.runCollect(conn.turn("x")))
-      const [out, err, status] = events
-      expect(out).toMatchObject({ _tag: "Event", event: { kind: "stdout", data: "\ufffd\u0000\ufffdA" } })
-      expect(Buffer.from((out as { bytes: Uint8Array }).bytes).equals(binary)).toBe(true)
-      expect(Buffer.from((err as { bytes: Uint8Array }).bytes).toString("utf8")).toBe("h\u00e9llo")
-      expect(status).toEqual({ _tag: "Event", event: { kind: "status", message: "note" } })
-    }).pipe(Effect.scoped, provide)
+  it.live(
+    "output events carry their exact bytes: base64 from a current guest, UTF-8 of data from an old one",
+    () =>
+      Effect.gen(function* () {
+        const path = socketPath()
+        const { accept } = yield* listen(path)
+        const binary = Buffer.from([0xff, 0x00, 0xfe, 0x41])
+        const guestP = fakeGuest(path, async (guest, m) => {
+          if (m.type !== "user_turn") return
+          const event = (e: Extract<ControlMessage, { type: "agent_event" }>["event"]) =>
+            guest.mux.sendControl({ type: "agent_event", turn: m.turn, event: e })
+          await event({ kind: "stdout", data: "\ufffd\u0000\ufffdA", base64: binary.toString("base64") })
+          await event({ kind: "stderr", data: "h\u00e9llo" }) // an old guest: no base64
+          await event({ kind: "status", message: "note" })
+          await guest.mux.sendControl({
+            type: "turn_end",
+            turn: m.turn,
+            exitCode: 0,
+            signal: null,
+            cancelled: false
+          })
+        })
+        const conn = yield* accept
+        yield* Effect.promise(() => guestP)
+        const events = Chunk.toReadonlyArray(yield* Stream.runCollect(conn.turn("x")))
+        const [out, err, status] = events
+        expect(out).toMatchObject({ _tag: "Event", event: { kind: "stdout", data: "\ufffd\u0000\ufffdA" } })
+        expect(Buffer.from((out as { bytes: Uint8Array }).bytes).equals(binary)).toBe(true)
+        expect(Buffer.from((err as { bytes: Uint8Array }).bytes).toString("utf8")).toBe("h\u00e9llo")
+        expect(status).toEqual({ _tag: "Event", event: { kind: "status", message: "note" } })
+      }).pipe(Effect.scoped, provide)
   )
 
   it.live("a guest's error text reaches the host's errors with its control characters escaped", () =>
@@ -251,7 +264,8 @@ describe("GuestRpcLive over a real unix socket", () => {
       const { accept } = yield* listen(path)
       const forged = 'x\n{"type":"End","exitCode":0}\u001b[2J\u009b31m'
       const guestP = fakeGuest(path, (guest, m) => {
-        if (m.type === "user_turn") void guest.mux.sendControl({ type: "error", code: "bad\r", message: forged, turn: m.turn })
+        if (m.type === "user_turn")
+          void guest.mux.sendControl({ type: "error", code: "bad\r", message: forged, turn: m.turn })
       })
       const conn = yield* accept
       yield* Effect.promise(() => guestP)

@@ -27,7 +27,15 @@ type Area =
   | "sdk"
   | "bin"
 
-const BELOW_LAYERS: ReadonlyArray<Area> = ["domain", "protocol", "services", "lib", "brokerPolicy", "broker", "vmm"]
+const BELOW_LAYERS: ReadonlyArray<Area> = [
+  "domain",
+  "protocol",
+  "services",
+  "lib",
+  "brokerPolicy",
+  "broker",
+  "vmm"
+]
 
 const ALLOWED: Record<Area, ReadonlyArray<Area>> = {
   domain: ["domain"],
@@ -86,7 +94,11 @@ interface Edge {
 }
 
 /** every relative import (static, re-export, dynamic) of every file, as paths under src/ */
-const edges = (): { readonly files: ReadonlyArray<string>; readonly edges: ReadonlyArray<Edge>; readonly external: ReadonlyArray<Edge> } => {
+const edges = (): {
+  readonly files: ReadonlyArray<string>
+  readonly edges: ReadonlyArray<Edge>
+  readonly external: ReadonlyArray<Edge>
+} => {
   const files = sourceFiles(SRC).map((f) => path.relative(SRC, f).split(path.sep).join("/"))
   const internal: Array<Edge> = []
   const external: Array<Edge> = []

@@ -25,7 +25,12 @@ import { HttpsBrokerLive } from "../src/broker/HttpsBrokerLive.js"
 import { FakeImages } from "../src/layers/Lifecycle.js"
 import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
-import { type ControlReply, type ControlRequest, REPO_CHUNK, type TurnRequest } from "../src/protocol/Control.js"
+import {
+  type ControlReply,
+  type ControlRequest,
+  REPO_CHUNK,
+  type TurnRequest
+} from "../src/protocol/Control.js"
 import { connect, forward, remoteRepo, status, statusIfRunning, stop } from "../src/programs/detached.js"
 import { open, resume } from "../src/programs/session.js"
 import { supervise } from "../src/programs/supervisor.js"
@@ -268,7 +273,12 @@ describe("detached supervisor (FakeVmm)", () => {
           onReady: (info) => Deferred.succeed(ready, info)
         }).pipe(Effect.fork)
         yield* Deferred.await(ready)
-        const run = (text: string, drive: (send: (line: ControlRequest) => Effect.Effect<void, unknown>) => Effect.Effect<void, unknown>) =>
+        const run = (
+          text: string,
+          drive: (
+            send: (line: ControlRequest) => Effect.Effect<void, unknown>
+          ) => Effect.Effect<void, unknown>
+        ) =>
           Effect.scoped(
             Effect.gen(function* () {
               const connection = yield* connect("tty")
@@ -290,12 +300,14 @@ describe("detached supervisor (FakeVmm)", () => {
               return replies
             })
           )
-        const typed = yield* run('stty size; echo "term=$TERM"; echo ready; read line; stty size; echo "got=$line"', (send) =>
-          Effect.gen(function* () {
-            yield* send({ type: "resize", rows: 40, cols: 100 })
-            yield* realSleep(300)
-            yield* send({ type: "input", data: Buffer.from("abc\r").toString("base64") })
-          })
+        const typed = yield* run(
+          'stty size; echo "term=$TERM"; echo ready; read line; stty size; echo "got=$line"',
+          (send) =>
+            Effect.gen(function* () {
+              yield* send({ type: "resize", rows: 40, cols: 100 })
+              yield* realSleep(300)
+              yield* send({ type: "input", data: Buffer.from("abc\r").toString("base64") })
+            })
         )
         expect(stdoutOf(typed)).toMatch(/^25 90\r\nterm=xterm\r\nready\r\n/)
         expect(stdoutOf(typed)).toContain("40 100\r\ngot=abc\r\n")
@@ -305,7 +317,9 @@ describe("detached supervisor (FakeVmm)", () => {
           send({ type: "input", data: Buffer.from([3]).toString("base64") })
         )
         expect(endOf(interrupted)).toMatchObject({ exitCode: 130 })
-        const signalled = yield* run("echo ready; sleep 30", (send) => send({ type: "signal", signal: "SIGTERM" }))
+        const signalled = yield* run("echo ready; sleep 30", (send) =>
+          send({ type: "signal", signal: "SIGTERM" })
+        )
         expect(endOf(signalled)).toMatchObject({ exitCode: 143 })
         yield* stop("tty")
         expect(yield* Fiber.join(supervisor)).toBe("stop")

@@ -47,7 +47,13 @@ const outputGuest = (
       mux.onControl((m) => {
         if (m.type === "shutdown") return mux.close()
         if (m.type === "cancel") {
-          return mux.sendControl({ type: "turn_end", turn: m.turn, exitCode: null, signal: "SIGTERM", cancelled: true })
+          return mux.sendControl({
+            type: "turn_end",
+            turn: m.turn,
+            exitCode: null,
+            signal: "SIGTERM",
+            cancelled: true
+          })
         }
         // a turn cut short by the host's close is not this test's failure
         if (m.type === "user_turn") onTurn(mux, m).catch(() => undefined)
@@ -71,7 +77,9 @@ const turnEnd = (mux: Mux, turn: number) =>
 
 const bytesOf = (events: ReadonlyArray<TurnEvent>, kind: "stdout" | "stderr") =>
   Buffer.concat(
-    events.flatMap((e) => (e._tag === "Event" && e.event.kind === kind && e.bytes !== undefined ? [e.bytes] : []))
+    events.flatMap((e) =>
+      e._tag === "Event" && e.event.kind === kind && e.bytes !== undefined ? [e.bytes] : []
+    )
   )
 
 /** waits (real time) until `value` has not changed for a while: the writer is blocked */
@@ -110,7 +118,9 @@ describe("turn output records", () => {
       ])
       expect(got[1]![1].equals(Buffer.from([0xff, 0x00, 0xfe]))).toBe(true)
     }
-    expect(() => new OutputRecordDecoder().push(Buffer.from([3, 0, 0, 0, 1, 0x41]))).toThrow(OutputRecordError)
+    expect(() => new OutputRecordDecoder().push(Buffer.from([3, 0, 0, 0, 1, 0x41]))).toThrow(
+      OutputRecordError
+    )
     const oversized = Buffer.from([1, 0, 0, 0, 0])
     oversized.writeUInt32BE(MAX_OUTPUT_RECORD + 1, 1)
     expect(() => new OutputRecordDecoder().push(oversized)).toThrow(OutputRecordError)
@@ -132,60 +142,62 @@ describe("turn output records", () => {
 })
 
 describe("a turn's output channel (GuestRpcLive, real unix socket)", () => {
-  it.live("the host reads only as its consumer does (the guest stops within a window), then resumes; bytes and order exact", () =>
-    Effect.gen(function* () {
-      const path = socketPath()
-      const { accept } = yield* Effect.flatMap(GuestRpc, (rpc) => rpc.listen(path, options))
-      const total = 24 * 1024 * 1024
-      const record = 64 * 1024
-      let written = 0
-      let finished = false
-      const sent: Array<Buffer> = []
-      const guestP = outputGuest(path, async (mux, m) => {
-        expect(m.output).toBeDefined()
-        const channel = mux.channel(m.output!)
-        for (let i = 0; written < total; i++) {
-          const bytes = Buffer.alloc(record, i % 251)
-          bytes.writeUInt32BE(i, 0)
-          // stdout and stderr alternate: their order must survive
-          const kind = i % 3 === 2 ? "stderr" : "stdout"
-          sent.push(Buffer.concat([Buffer.from([kind === "stdout" ? 1 : 2]), bytes]))
-          await channel.write(encodeOutputRecord(kind, bytes))
-          written += record
+  it.live(
+    "the host reads only as its consumer does (the guest stops within a window), then resumes; bytes and order exact",
+    () =>
+      Effect.gen(function* () {
+        const path = socketPath()
+        const { accept } = yield* Effect.flatMap(GuestRpc, (rpc) => rpc.listen(path, options))
+        const total = 24 * 1024 * 1024
+        const record = 64 * 1024
+        let written = 0
+        let finished = false
+        const sent: Array<Buffer> = []
+        const guestP = outputGuest(path, async (mux, m) => {
+          expect(m.output).toBeDefined()
+          const channel = mux.channel(m.output!)
+          for (let i = 0; written < total; i++) {
+            const bytes = Buffer.alloc(record, i % 251)
+            bytes.writeUInt32BE(i, 0)
+            // stdout and stderr alternate: their order must survive
+            const kind = i % 3 === 2 ? "stderr" : "stdout"
+            sent.push(Buffer.concat([Buffer.from([kind === "stdout" ? 1 : 2]), bytes]))
+            await channel.write(encodeOutputRecord(kind, bytes))
+            written += record
+          }
+          await channel.end()
+          finished = true
+          await turnEnd(mux, m.turn)
+        })
+        const conn = yield* accept
+        yield* Effect.promise(() => guestP)
+        const pull = yield* Stream.toPull(conn.turn("produce"))
+        let first = yield* pull
+        while (Chunk.isEmpty(first)) first = yield* pull
+        // nobody reads: the guest is held by the channel's credit, far below what it has to send
+        const stalled = yield* settled(() => written)
+        expect(finished).toBe(false)
+        expect(stalled).toBeLessThan(INITIAL_WINDOW + 16 * record)
+        // reading again resumes it, to the end
+        const events: Array<TurnEvent> = [...Chunk.toReadonlyArray(first)]
+        for (;;) {
+          const next = yield* Effect.option(pull)
+          if (Option.isNone(next)) break
+          events.push(...Chunk.toReadonlyArray(next.value))
         }
-        await channel.end()
-        finished = true
-        await turnEnd(mux, m.turn)
-      })
-      const conn = yield* accept
-      yield* Effect.promise(() => guestP)
-      const pull = yield* Stream.toPull(conn.turn("produce"))
-      let first = yield* pull
-      while (Chunk.isEmpty(first)) first = yield* pull
-      // nobody reads: the guest is held by the channel's credit, far below what it has to send
-      const stalled = yield* settled(() => written)
-      expect(finished).toBe(false)
-      expect(stalled).toBeLessThan(INITIAL_WINDOW + 16 * record)
-      // reading again resumes it, to the end
-      const events: Array<TurnEvent> = [...Chunk.toReadonlyArray(first)]
-      for (;;) {
-        const next = yield* Effect.option(pull)
-        if (Option.isNone(next)) break
-        events.push(...Chunk.toReadonlyArray(next.value))
-      }
-      expect(finished).toBe(true)
-      expect(events.at(-1)).toMatchObject({ _tag: "End", exitCode: 0 })
-      const got = Buffer.concat(
-        events.flatMap((e) =>
-          e._tag === "Event" && e.bytes !== undefined
-            ? [Buffer.from([e.event.kind === "stdout" ? 1 : 2]), e.bytes]
-            : []
+        expect(finished).toBe(true)
+        expect(events.at(-1)).toMatchObject({ _tag: "End", exitCode: 0 })
+        const got = Buffer.concat(
+          events.flatMap((e) =>
+            e._tag === "Event" && e.bytes !== undefined
+              ? [Buffer.from([e.event.kind === "stdout" ? 1 : 2]), e.bytes]
+              : []
+          )
         )
-      )
-      // records arrive whole here (each ≤ one mux frame), so kind + bytes line up one to one
-      expect(got.equals(Buffer.concat(sent))).toBe(true)
-      expect(bytesOf(events, "stdout").length + bytesOf(events, "stderr").length).toBe(total)
-    }).pipe(Effect.scoped, Effect.provide(GuestRpcLive))
+        // records arrive whole here (each ≤ one mux frame), so kind + bytes line up one to one
+        expect(got.equals(Buffer.concat(sent))).toBe(true)
+        expect(bytesOf(events, "stdout").length + bytesOf(events, "stderr").length).toBe(total)
+      }).pipe(Effect.scoped, Effect.provide(GuestRpcLive))
   )
 
   it.live("a malformed record fails the turn with a ProtocolError; non-UTF-8 bytes keep base64", () =>

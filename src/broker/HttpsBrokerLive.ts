@@ -20,12 +20,7 @@ import * as tls from "node:tls"
 import { makeSessionCa } from "./ca.js"
 import { channelDuplex, type TunnelChannel } from "./channel.js"
 import { readClientHello } from "./clientHello.js"
-import {
-  BROKER_LOG_FILE,
-  type BrokerLogEntry,
-  type BrokerLogOptions,
-  openBrokerLog
-} from "./log.js"
+import { BROKER_LOG_FILE, type BrokerLogEntry, type BrokerLogOptions, openBrokerLog } from "./log.js"
 import {
   type BrokerPolicy,
   checkResolved,
@@ -252,7 +247,9 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
       const writeLog = brokerLog.write
       const log = (entry: Omit<BrokerLogEntry, "time" | "turn">) =>
         Ref.get(turn).pipe(
-          Effect.flatMap((t) => writeLog({ time: isoNow(), ...(t === undefined ? {} : { turn: t }), ...entry }))
+          Effect.flatMap((t) =>
+            writeLog({ time: isoNow(), ...(t === undefined ? {} : { turn: t }), ...entry })
+          )
         )
 
       const serveTunnel = Effect.fn("HttpsBroker.serveTunnel")(function* (request: TunnelRequest) {
@@ -333,7 +330,13 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
               log({ ...base, event: "open", decision: "allow", address, mode, credential: false })
             ),
             Effect.tapError(() =>
-              log({ ...base, event: "open", decision: "deny", reason: "guest-disconnected", credential: false })
+              log({
+                ...base,
+                event: "open",
+                decision: "deny",
+                reason: "guest-disconnected",
+                credential: false
+              })
             ),
             Effect.either
           ),
@@ -380,7 +383,9 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
                       credential: record.credential,
                       method: record.method,
                       ...(record.status === undefined ? {} : { status: record.status }),
-                      ...(record.droppedHeaders === undefined ? {} : { droppedHeaders: record.droppedHeaders })
+                      ...(record.droppedHeaders === undefined
+                        ? {}
+                        : { droppedHeaders: record.droppedHeaders })
                     })
                   },
                   onDeny: (reason) => {
@@ -388,7 +393,8 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
                     enqueue({ ...base, event: "request", decision: "deny", reason, credential: false })
                   }
                 },
-          logDenied: (reason) => log({ ...base, event: "request", decision: "deny", reason, credential: false })
+          logDenied: (reason) =>
+            log({ ...base, event: "request", decision: "deny", reason, credential: false })
         })
       })
 
@@ -448,13 +454,17 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
       })
 
       /** takes one of the maxTunnels slots (every tunnel being decided or served holds one) */
-      const admit = Ref.modify(active, (n): [boolean, number] => (n >= maxTunnels ? [false, n] : [true, n + 1]))
+      const admit = Ref.modify(active, (n): [boolean, number] =>
+        n >= maxTunnels ? [false, n] : [true, n + 1]
+      )
       // a tunnel's failure ends that tunnel only: its close line names it, and it is logged whole
       const tunnelFailed = (cause: Cause.Cause<unknown>) => Effect.logError("broker tunnel failed", cause)
       const serveAdmitted = (request: TunnelRequest): Effect.Effect<void> =>
         serveTunnel(request).pipe(
           Effect.scoped,
-          Effect.catchAllCause((cause) => (Cause.isInterruptedOnly(cause) ? Effect.void : tunnelFailed(cause))),
+          Effect.catchAllCause((cause) =>
+            Cause.isInterruptedOnly(cause) ? Effect.void : tunnelFailed(cause)
+          ),
           Effect.ensuring(Ref.update(active, (n) => n - 1))
         )
       const refuseBusy = (request: TunnelRequest): Effect.Effect<void> =>

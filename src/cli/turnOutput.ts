@@ -8,7 +8,8 @@ export const agentOutput = agentRenderer(process.stderr.isTTY === true)
 
 /** the exact bytes of a stdout/stderr event (`bytes`, else its `base64` as relayed, else its text) */
 const outputBytes = (event: TurnEvent): Uint8Array | undefined => {
-  if (event._tag !== "Event" || (event.event.kind !== "stdout" && event.event.kind !== "stderr")) return undefined
+  if (event._tag !== "Event" || (event.event.kind !== "stdout" && event.event.kind !== "stderr"))
+    return undefined
   if (event.bytes !== undefined) return event.bytes
   const e = event.event
   return e.base64 !== undefined ? Buffer.from(e.base64, "base64") : Buffer.from(e.data, "utf8")

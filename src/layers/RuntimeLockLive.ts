@@ -100,7 +100,10 @@ export const RuntimeLockLive = Layer.effect(
           message: `not a session id: ${JSON.stringify(sessionId)}`
         })
       }
-      const lockPath = sessionFile(typeof session === "string" ? paths.sessionDir(sessionId) : session.dir, "lock")
+      const lockPath = sessionFile(
+        typeof session === "string" ? paths.sessionDir(sessionId) : session.dir,
+        "lock"
+      )
       let handedOff = false
       const held: HeldLock = yield* Effect.acquireRelease(
         open(sessionId, lockPath).pipe(

@@ -24,7 +24,8 @@ export interface CloneResult {
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
-    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
+    catch: (cause) =>
+      new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
   })
 
 /** free-space margin kept on top of what a copy needs: 64 MiB or 5 % of the image, whichever is larger */

@@ -39,7 +39,8 @@ import { errorMessage } from "../domain/errorMessage.js"
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
-    catch: (cause) => new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
+    catch: (cause) =>
+      new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
   })
 
 export const sha256File = (file: string) =>

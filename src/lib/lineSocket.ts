@@ -116,7 +116,9 @@ export const writeBytes = (
       resume(
         error === undefined || error === null
           ? Effect.void
-          : Effect.fail(new ControlError({ reason: "write", message: `control socket: ${errorMessage(error)}` }))
+          : Effect.fail(
+              new ControlError({ reason: "write", message: `control socket: ${errorMessage(error)}` })
+            )
       )
     )
   })
@@ -162,7 +164,8 @@ export const listenUnix = (socketPath: string) =>
         if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
       }).pipe(
         Effect.mapError(
-          ({ message, reason }) => new ControlError({ reason: reason === "chmod" ? "listen" : reason, message })
+          ({ message, reason }) =>
+            new ControlError({ reason: reason === "chmod" ? "listen" : reason, message })
         )
       ),
       // no new connections; those still open are their handlers' to end (not waited for here)

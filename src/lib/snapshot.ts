@@ -180,7 +180,10 @@ export const tarSnapshot = (root: string, entries: ReadonlyArray<string> = ["."]
     return Stream.fromAsyncIterable(
       iterable,
       (cause) =>
-        new TransferFailed({ reason: "snapshot", message: `snapshot of ${root} failed: ${errorMessage(cause)}` })
+        new TransferFailed({
+          reason: "snapshot",
+          message: `snapshot of ${root} failed: ${errorMessage(cause)}`
+        })
     )
   })
   return { tar: tarStream, skipped }

@@ -40,7 +40,8 @@ export const sessionSocketPath = (
 }
 
 /** a session's control socket: `<dir>/control.sock`, or the short-path fallback (see `sessionSocketPath`) */
-export const controlSocketPath = (sessionDir: string): string => sessionSocketPath(sessionDir, SESSION_FILES.controlSocket)
+export const controlSocketPath = (sessionDir: string): string =>
+  sessionSocketPath(sessionDir, SESSION_FILES.controlSocket)
 
 /** the host end of the guest RPC channel of a session (see `sessionSocketPath`) */
 export const rpcSocketPath = (

@@ -538,7 +538,10 @@ export const readFile = Effect.fn("repo.readFile")(function* (
       return yield* Effect.tryPromise({
         try: () => fs.readFile(path.join(staging, rel)),
         catch: (cause) =>
-          new RepoPathInvalid({ path: guestPath, message: `${guestPath}: not a file (${errorMessage(cause)})` })
+          new RepoPathInvalid({
+            path: guestPath,
+            message: `${guestPath}: not a file (${errorMessage(cause)})`
+          })
       }).pipe(Effect.map((buffer) => new Uint8Array(buffer)))
     })
   )

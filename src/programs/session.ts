@@ -63,7 +63,10 @@ export interface Session {
    */
   readonly turn: (text: string, mode?: TurnMode) => Stream.Stream<TurnEvent, GuestRpcError>
   /** one shell command on a pseudo-terminal in the guest (GuestConnection.ttyTurn) */
-  readonly ttyTurn: (text: string, request: TtyRequest) => Stream.Stream<TurnEvent, TtyUnsupported | GuestRpcError>
+  readonly ttyTurn: (
+    text: string,
+    request: TtyRequest
+  ) => Stream.Stream<TurnEvent, TtyUnsupported | GuestRpcError>
   /** the model the session's prompt turns use (resolved from the catalog at boot), if any */
   readonly modelSpec?: ModelSpec | undefined
   /** source entries the snapshot left out (sockets, fifos, devices); empty on resume */
@@ -394,11 +397,11 @@ const sessionFrom = (
       connection.hello.features?.includes(FEATURE_TTY) !== true
         ? connection.ttyTurn(text, request)
         : Stream.unwrapScoped(
-        Effect.acquireRelease(
-          Effect.suspend(() => broker.setTurn(++turns)),
-          () => broker.setTurn(undefined)
-        ).pipe(Effect.as(connection.ttyTurn(text, request)))
-      ).pipe(Stream.withSpan("Session.ttyTurn", { attributes: { session: meta.id } })),
+            Effect.acquireRelease(
+              Effect.suspend(() => broker.setTurn(++turns)),
+              () => broker.setTurn(undefined)
+            ).pipe(Effect.as(connection.ttyTurn(text, request)))
+          ).pipe(Stream.withSpan("Session.ttyTurn", { attributes: { session: meta.id } })),
     modelSpec: booted.modelSpec,
     skipped
   }

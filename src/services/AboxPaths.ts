@@ -45,10 +45,7 @@ export const AboxPathsLive = Layer.effect(
   Effect.gen(function* () {
     const userHome = yield* Config.string("HOME").pipe(Config.withDefault(os.homedir()))
     const home = yield* Config.option(Config.string("ABOX_HOME"))
-    return makeAboxPaths(
-      path.resolve(Option.getOrElse(home, () => path.join(userHome, ".abox"))),
-      userHome
-    )
+    return makeAboxPaths(path.resolve(Option.getOrElse(home, () => path.join(userHome, ".abox"))), userHome)
   })
 )
 

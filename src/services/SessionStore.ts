@@ -127,12 +127,19 @@ export interface SessionStoreShape {
    * an id, or a bound name → where the session lives: its directory in the current home, else
    * in the legacy one (docs/on-disk.md "Names" for the order)
    */
-  readonly locate: (ref: string) => Effect.Effect<SessionLocation, SessionNotFound | SessionCorrupt | StoreIoError>
+  readonly locate: (
+    ref: string
+  ) => Effect.Effect<SessionLocation, SessionNotFound | SessionCorrupt | StoreIoError>
   /** an id, or a bound name → the session id (`locate`'s id) */
   readonly resolve: (ref: string) => Effect.Effect<string, SessionNotFound | SessionCorrupt | StoreIoError>
   // names (seed 001)
-  readonly bindName: (name: string, id: string) => Effect.Effect<NameBinding, NameTaken | InvalidName | SessionNotFound | StoreIoError>
-  readonly lookupName: (name: string) => Effect.Effect<NameBinding, SessionNotFound | SessionCorrupt | StoreIoError>
+  readonly bindName: (
+    name: string,
+    id: string
+  ) => Effect.Effect<NameBinding, NameTaken | InvalidName | SessionNotFound | StoreIoError>
+  readonly lookupName: (
+    name: string
+  ) => Effect.Effect<NameBinding, SessionNotFound | SessionCorrupt | StoreIoError>
   readonly unbindName: (name: string) => Effect.Effect<void, SessionNotFound | StoreIoError>
   readonly listNames: () => Effect.Effect<ReadonlyArray<NameBinding>, StoreIoError>
 }

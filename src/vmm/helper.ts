@@ -104,7 +104,12 @@ const within = (promise: Promise<unknown>, ms: number): Promise<boolean> =>
  * The bounded stop: QMP quit / vfkit Stop, HardStop → wait → the fallback signal → wait →
  * SIGKILL → wait for the exit. Each step runs only while the VMM has not exited yet.
  */
-const stopSequence = async (spec: HelperSpec, child: ChildProcess, exited: Promise<Exit>, hasExited: () => boolean) => {
+const stopSequence = async (
+  spec: HelperSpec,
+  child: ChildProcess,
+  exited: Promise<Exit>,
+  hasExited: () => boolean
+) => {
   const waitFor = (ms: number) => within(exited, ms)
   if (spec.qmpSocket !== undefined) {
     await qmpCommand(spec.qmpSocket, "quit", spec.quitMs).catch(() => undefined)

@@ -48,4 +48,3 @@ export const probeKvm = (binary: string, arch: GuestArch) =>
 /** what `auto` chooses on this host: KVM when /dev/kvm opens and a probe VM starts on it (abox doctor) */
 export const kvmUsable = (arch: GuestArch = hostArch()): Effect.Effect<boolean> =>
   kvmOpens() ? probeKvm(qemuBinary(arch), arch) : Effect.succeed(false)
-

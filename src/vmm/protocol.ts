@@ -42,7 +42,8 @@ export type HelperEvent =
   | { readonly event: "error"; readonly message: string }
 
 /** a decoded line, or why it is not one (`path`: where in the value) */
-export type Decoded<A> = { readonly ok: true; readonly value: A } | { readonly ok: false; readonly error: string }
+export type Decoded<A> =
+  { readonly ok: true; readonly value: A } | { readonly ok: false; readonly error: string }
 
 class Invalid extends Error {
   constructor(
@@ -81,7 +82,8 @@ const nullOr =
 const literal =
   <const L extends string>(...literals: ReadonlyArray<L>): Check<L> =>
   (value, path) => {
-    if (!literals.includes(value as L)) throw new Invalid(path, literals.map((l) => `"${l}"`).join(" or "), value)
+    if (!literals.includes(value as L))
+      throw new Invalid(path, literals.map((l) => `"${l}"`).join(" or "), value)
     return value as L
   }
 const isRecord = (value: unknown): value is Record<string, unknown> =>
@@ -107,7 +109,8 @@ const struct = <A>(
   const names = Object.keys(fields)
   return (value, path) => {
     if (!isRecord(value)) throw new Invalid(path, "an object", value)
-    for (const key of Object.keys(value)) if (!names.includes(key)) throw new Invalid(`${path}.${key}`, "no such field", value[key])
+    for (const key of Object.keys(value))
+      if (!names.includes(key)) throw new Invalid(`${path}.${key}`, "no such field", value[key])
     const out: Record<string, unknown> = {}
     for (const name of names) {
       if (!(name in value) || value[name] === undefined) {

@@ -201,8 +201,7 @@ export const uncompressedKernel = (kernel: string, fallbackDir: string) =>
       }
       throw new Error(`cannot write the uncompressed kernel to ${candidates.join(" or ")}`)
     },
-    catch: (cause) =>
-      new KernelError({ path: kernel, reason: errorMessage(cause) })
+    catch: (cause) => new KernelError({ path: kernel, reason: errorMessage(cause) })
   })
 
 // ---- RESTful API -----------------------------------------------------------------------------
@@ -241,8 +240,7 @@ const request = (
 ) =>
   Effect.tryPromise({
     try: (signal) => vfkitRequest({ socket, method, route, body, signal }),
-    catch: (cause) =>
-      new VfkitRestError({ socket, reason: errorMessage(cause), cause })
+    catch: (cause) => new VfkitRestError({ socket, reason: errorMessage(cause), cause })
   }).pipe(
     Effect.timeoutFail({
       duration: timeout,

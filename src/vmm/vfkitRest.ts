@@ -13,7 +13,9 @@ export interface VfkitRestRequest {
 }
 
 /** the status and (at most 64 KiB of) the body; rejects with the socket's or the request's error */
-export const vfkitRequest = (request: VfkitRestRequest): Promise<{ readonly status: number; readonly body: string }> =>
+export const vfkitRequest = (
+  request: VfkitRestRequest
+): Promise<{ readonly status: number; readonly body: string }> =>
   new Promise((resolve, reject) => {
     const { body } = request
     const req = http.request(

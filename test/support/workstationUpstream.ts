@@ -54,7 +54,10 @@ export const packDirectory = async (
   dir: string,
   keep: (relative: string) => boolean = () => true
 ): Promise<NpmPackage> => {
-  const manifest = JSON.parse(fs.readFileSync(path.join(dir, "package.json"), "utf8")) as Record<string, unknown>
+  const manifest = JSON.parse(fs.readFileSync(path.join(dir, "package.json"), "utf8")) as Record<
+    string,
+    unknown
+  >
   const files = walk(dir, (relative) => relative === "package.json" || keep(relative)).sort()
   const out = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "abox-pack-")), "package.tgz")
   await tar.create({ gzip: true, cwd: dir, prefix: "package", portable: true, file: out }, files)
@@ -70,10 +73,16 @@ export const makeWheel = (name: string, version: string): { file: string; bytes:
   const entries: Array<[string, Buffer]> = [
     [`${module}/__init__.py`, Buffer.from(`VERSION = "${version}"\n`)],
     [`${info}/METADATA`, Buffer.from(`Metadata-Version: 2.1\nName: ${name}\nVersion: ${version}\n`)],
-    [`${info}/WHEEL`, Buffer.from("Wheel-Version: 1.0\nGenerator: abox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")]
+    [
+      `${info}/WHEEL`,
+      Buffer.from("Wheel-Version: 1.0\nGenerator: abox-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    ]
   ]
   const record = entries
-    .map(([file, data]) => `${file},sha256=${crypto.createHash("sha256").update(data).digest("base64url")},${data.length}`)
+    .map(
+      ([file, data]) =>
+        `${file},sha256=${crypto.createHash("sha256").update(data).digest("base64url")},${data.length}`
+    )
     .join("\n")
   entries.push([`${info}/RECORD`, Buffer.from(`${record}\n${info}/RECORD,,\n`)])
   const locals: Array<Buffer> = []
@@ -114,24 +123,30 @@ export const makeWheel = (name: string, version: string): { file: string; bytes:
   return { file: `${module}-${version}-py3-none-any.whl`, bytes: Buffer.concat([...locals, directory, end]) }
 }
 
-const sseOpenAi = (texts: ReadonlyArray<string>) =>
-  [
-    ...texts.map(
-      (text, i) =>
-        `data: ${JSON.stringify({
-          id: "chatcmpl-abox",
-          object: "chat.completion.chunk",
-          created: 0,
-          model: "gpt-test",
-          choices: [{ index: 0, delta: i === 0 ? { role: "assistant", content: text } : { content: text }, finish_reason: null }]
-        })}\n\n`
-    ),
-    `data: ${JSON.stringify({ id: "chatcmpl-abox", object: "chat.completion.chunk", created: 0, model: "gpt-test", choices: [{ index: 0, delta: {}, finish_reason: "stop" }] })}\n\n`,
-    "data: [DONE]\n\n"
-  ]
+const sseOpenAi = (texts: ReadonlyArray<string>) => [
+  ...texts.map(
+    (text, i) =>
+      `data: ${JSON.stringify({
+        id: "chatcmpl-abox",
+        object: "chat.completion.chunk",
+        created: 0,
+        model: "gpt-test",
+        choices: [
+          {
+            index: 0,
+            delta: i === 0 ? { role: "assistant", content: text } : { content: text },
+            finish_reason: null
+          }
+        ]
+      })}\n\n`
+  ),
+  `data: ${JSON.stringify({ id: "chatcmpl-abox", object: "chat.completion.chunk", created: 0, model: "gpt-test", choices: [{ index: 0, delta: {}, finish_reason: "stop" }] })}\n\n`,
+  "data: [DONE]\n\n"
+]
 
 const sseAnthropic = (texts: ReadonlyArray<string>) => {
-  const event = (type: string, data: object) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`
+  const event = (type: string, data: object) =>
+    `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`
   return [
     event("message_start", {
       message: {
@@ -148,7 +163,10 @@ const sseAnthropic = (texts: ReadonlyArray<string>) => {
     event("content_block_start", { index: 0, content_block: { type: "text", text: "" } }),
     ...texts.map((text) => event("content_block_delta", { index: 0, delta: { type: "text_delta", text } })),
     event("content_block_stop", { index: 0 }),
-    event("message_delta", { delta: { stop_reason: "end_turn", stop_sequence: null }, usage: { output_tokens: texts.length } }),
+    event("message_delta", {
+      delta: { stop_reason: "end_turn", stop_sequence: null },
+      usage: { output_tokens: texts.length }
+    }),
     event("message_stop", {})
   ]
 }
@@ -231,7 +249,8 @@ export const startWorkstationUpstream = async (options: WorkstationUpstreamOptio
     (req, res) => {
       const host = String(req.headers.host ?? "").replace(/:\d+$/, "")
       const name =
-        options.aliases?.[host] ?? (host.endsWith(`.${options.domain}`) ? host.slice(0, -options.domain.length - 1) : host)
+        options.aliases?.[host] ??
+        (host.endsWith(`.${options.domain}`) ? host.slice(0, -options.domain.length - 1) : host)
       seen.push({ name, method: req.method ?? "", url: req.url ?? "", headers: { ...req.headers } })
       const url = new URL(req.url ?? "/", "https://upstream")
       const send = (status: number, type: string, body: string | Buffer) => {
@@ -244,7 +263,9 @@ export const startWorkstationUpstream = async (options: WorkstationUpstreamOptio
       if (name === "registry") {
         if (url.pathname.startsWith("/-/tarballs/")) {
           const tarball = tarballs.get(url.pathname.slice("/-/tarballs/".length))
-          return tarball === undefined ? send(404, "text/plain", "no such tarball\n") : send(200, "application/octet-stream", tarball)
+          return tarball === undefined
+            ? send(404, "text/plain", "no such tarball\n")
+            : send(200, "application/octet-stream", tarball)
         }
         const packument = packuments.get(decodeURIComponent(url.pathname.slice(1)))
         return packument === undefined
@@ -261,7 +282,8 @@ export const startWorkstationUpstream = async (options: WorkstationUpstreamOptio
             `<!DOCTYPE html><html><body><a href="/files/${options.wheel.file}#sha256=${sha}">${options.wheel.file}</a></body></html>\n`
           )
         }
-        if (url.pathname === `/files/${options.wheel.file}`) return send(200, "application/octet-stream", options.wheel.bytes)
+        if (url.pathname === `/files/${options.wheel.file}`)
+          return send(200, "application/octet-stream", options.wheel.bytes)
         return send(404, "text/plain", "not found\n")
       }
       if (name === "openai" && req.method === "POST" && url.pathname === "/v1/chat/completions")
@@ -290,12 +312,7 @@ export const startWorkstationUpstream = async (options: WorkstationUpstreamOptio
 }
 
 /** one request through `git http-backend` (CGI): request body on stdin, CGI headers then body on stdout */
-const gitBackend = (
-  root: string,
-  req: http.IncomingMessage,
-  res: http.ServerResponse,
-  url: URL
-) => {
+const gitBackend = (root: string, req: http.IncomingMessage, res: http.ServerResponse, url: URL) => {
   const child = spawn("git", ["http-backend"], {
     env: {
       PATH: process.env.PATH ?? "/usr/bin:/bin",
@@ -306,8 +323,12 @@ const gitBackend = (
       REQUEST_METHOD: req.method ?? "GET",
       CONTENT_TYPE: String(req.headers["content-type"] ?? ""),
       REMOTE_ADDR: "127.0.0.1",
-      ...(req.headers["content-encoding"] === undefined ? {} : { HTTP_CONTENT_ENCODING: String(req.headers["content-encoding"]) }),
-      ...(req.headers["git-protocol"] === undefined ? {} : { GIT_PROTOCOL: String(req.headers["git-protocol"]) })
+      ...(req.headers["content-encoding"] === undefined
+        ? {}
+        : { HTTP_CONTENT_ENCODING: String(req.headers["content-encoding"]) }),
+      ...(req.headers["git-protocol"] === undefined
+        ? {}
+        : { GIT_PROTOCOL: String(req.headers["git-protocol"]) })
     },
     stdio: ["pipe", "pipe", "inherit"]
   })

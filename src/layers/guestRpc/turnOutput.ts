@@ -37,14 +37,18 @@ const malformed = (cause: unknown) =>
   })
 
 /** the records on an output channel's bytes, as stdout/stderr events; a malformed record fails */
-export const outputEvents = <E>(bytes: Stream.Stream<Uint8Array, E>): Stream.Stream<TurnEvent, E | ProtocolError> =>
+export const outputEvents = <E>(
+  bytes: Stream.Stream<Uint8Array, E>
+): Stream.Stream<TurnEvent, E | ProtocolError> =>
   Stream.suspend(() => {
     const decoder = new OutputRecordDecoder()
     return bytes.pipe(
       Stream.mapConcatEffect((chunk) =>
         Effect.try({ try: () => decoder.push(chunk).map(recordEvent), catch: malformed })
       ),
-      Stream.concat(Stream.drain(Stream.fromEffect(Effect.try({ try: () => decoder.end(), catch: malformed }))))
+      Stream.concat(
+        Stream.drain(Stream.fromEffect(Effect.try({ try: () => decoder.end(), catch: malformed })))
+      )
     )
   })
 
