@@ -30,7 +30,7 @@ import {
 } from "../services/GuestRpc.js"
 import { FEATURE_TTY } from "../protocol/Messages.js"
 import { AboxPaths } from "../services/AboxPaths.js"
-import { HttpsBroker, type BrokerPolicy, type BrokerSession } from "../services/HttpsBroker.js"
+import { HttpsBroker, type BrokerSession } from "../services/HttpsBroker.js"
 import { Images } from "../services/Images.js"
 import { type GoldenImage } from "../domain/image.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
@@ -38,7 +38,7 @@ import { SessionStore, StoreIoError, type SessionMeta } from "../services/Sessio
 import { VmmBackend } from "../services/VmmBackend.js"
 import { VmmError, type CloseBounds, type RepoDisks, type VmHandle } from "../domain/vm.js"
 import { hostArch } from "../lib/arch.js"
-import { withRules } from "../broker/policy.js"
+import { type BrokerPolicy, withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
   mergeCatalog,

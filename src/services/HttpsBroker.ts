@@ -6,8 +6,6 @@ import type * as Stream from "effect/Stream"
 import type { BrokerPolicy } from "../broker/policy.js"
 import type { TunnelRequest } from "./GuestRpc.js"
 
-export type { BrokerPolicy } from "../broker/policy.js"
-
 /** The policy file is missing, unreadable or does not decode (its path and the reason). */
 export class BrokerPolicyError extends Schema.TaggedError<BrokerPolicyError>()("BrokerPolicyError", {
   path: Schema.String,
