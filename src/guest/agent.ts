@@ -376,12 +376,7 @@ export class GuestAgent {
   }
 
   private noTty(type: string, turn: number): Promise<void> {
-    return this.send({
-      type: "error",
-      code: "unexpected_message",
-      message: `${type}: this guest has no tty turns`,
-      turn
-    })
+    return this.send({ type: "error", code: "unexpected_message", message: `${type}: this guest has no tty turns`, turn })
   }
 
   private startTurn(
@@ -403,10 +398,7 @@ export class GuestAgent {
       // (bounded) for the credit, then the channel is dropped and turn_end goes anyway
       if (cancelled) {
         let timer: NodeJS.Timeout | undefined
-        await Promise.race([
-          ended,
-          new Promise<void>((done) => (timer = setTimeout(done, CANCELLED_OUTPUT_WAIT_MS)))
-        ])
+        await Promise.race([ended, new Promise<void>((done) => (timer = setTimeout(done, CANCELLED_OUTPUT_WAIT_MS)))])
         clearTimeout(timer)
       } else await ended
       channel.destroy("turn output sent")

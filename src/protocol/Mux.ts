@@ -132,8 +132,7 @@ export const decodeControlPayload = (payload: Uint8Array): Either.Either<Control
   } catch {
     // the union's decoder reports it
   }
-  const type =
-    typeof json === "object" && json !== null ? (json as { readonly type?: unknown }).type : undefined
+  const type = typeof json === "object" && json !== null ? (json as { readonly type?: unknown }).type : undefined
   const member = typeof type === "string" ? memberCodecs.get(type) : undefined
   if (member !== undefined) {
     const decoded = member.decode(json)
