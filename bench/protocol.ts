@@ -6,6 +6,7 @@ import * as Exit from "effect/Exit"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
+import { FEATURE_EXPORT, FEATURE_OUTPUT } from "../src/protocol/Messages.js"
 import { GUEST_RECEIVE_WINDOW, Mux } from "../src/protocol/Mux.js"
 import { GuestRpc, type GuestConnection } from "../src/services/GuestRpc.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
@@ -28,7 +29,9 @@ const socketIn = (ctx: BenchContext) => path.join(ctx.tmp, `proto-${process.pid}
 
 /**
  * a fake guest: hello/ready, no-op turns, transfers counted and acknowledged; its receive window
- * is the guest agent's (src/guest/agentMain.ts), advertised in hello as the agent does
+ * and features are the guest agent's (src/guest/agent.ts), advertised in hello as the agent does:
+ * with "output" a shell turn's host opens an output channel, which the guest ends (EOF, then
+ * dropped) before turn_end, as the agent does for a command that prints nothing
  */
 const startGuest = (socketPath: string): Promise<net.Socket> =>
   new Promise((resolve, reject) => {
@@ -37,9 +40,14 @@ const startGuest = (socketPath: string): Promise<net.Socket> =>
     socket.once("connect", () => {
       const mux = new Mux(socket, { receiveWindow: GUEST_RECEIVE_WINDOW })
       mux.onError(() => undefined)
-      mux.onControl((m) => {
+      mux.onControl(async (m) => {
         switch (m.type) {
           case "user_turn":
+            if (m.output !== undefined) {
+              const output = mux.channel(m.output)
+              await output.end()
+              output.destroy("turn output sent")
+            }
             return mux.sendControl({
               type: "turn_end",
               turn: m.turn,
@@ -62,7 +70,8 @@ const startGuest = (socketPath: string): Promise<net.Socket> =>
         protocol: 4,
         arch: "x86_64",
         build: "bench",
-        window: GUEST_RECEIVE_WINDOW
+        window: GUEST_RECEIVE_WINDOW,
+        features: [FEATURE_EXPORT, FEATURE_OUTPUT]
       })
       void mux.sendControl({ type: "ready" })
       resolve(socket)

@@ -53,12 +53,20 @@ export interface HostChannel {
   readonly sink: Sink.Sink<void, Uint8Array, never, LinkError>
   /** a local reset now (the Scope does it at its close otherwise) */
   readonly reset: (reason: string) => Effect.Effect<void>
+  /**
+   * the next chunk of the peer's bytes as a Promise (rejected with a LinkError), for a reader
+   * that waits on it and on something else at once without abandoning a read (a hot path's
+   * hand-made merge); use it or `read`, never both
+   */
+  readonly next: () => Promise<IteratorResult<Uint8Array>>
 }
 
 export interface HostMux {
   readonly control: Stream.Stream<ControlMessage, ProtocolError>
   readonly send: (message: ControlMessage) => Effect.Effect<void, LinkError>
   readonly channel: (id: number) => Effect.Effect<HostChannel, never, Scope.Scope>
+  /** a data channel without a Scope (a hot path's): its owner resets it when done with it */
+  readonly unsafeChannel: (id: number) => HostChannel
   /** completes when the connection has closed (either side, or a violation) */
   readonly closed: Effect.Effect<void>
   /** closed, or closed by a protocol violation */
@@ -110,8 +118,14 @@ const wrapChannel = (mux: Mux, channel: MuxChannel): HostChannel => {
       })
     )
   })
+  let iterator: AsyncIterator<Uint8Array> | undefined
+  const next = (): Promise<IteratorResult<Uint8Array>> => {
+    iterator ??= channel.readable[Symbol.asyncIterator]()
+    return iterator.next().catch((cause: unknown) => Promise.reject(failure(cause)))
+  }
   return {
     id: channel.id,
+    next,
     read,
     write,
     end,
@@ -159,6 +173,7 @@ export const make = (
           Effect.sync(() => mux.channel(id)),
           (channel) => Effect.sync(() => channel.destroy(`channel ${id} closed`))
         ).pipe(Effect.map((channel) => wrapChannel(mux, channel))),
+      unsafeChannel: (id) => wrapChannel(mux, mux.channel(id)),
       closed: Deferred.await(closed),
       isOpen: () => !mux.isClosed && mux.failure === undefined,
       close: Effect.sync(() => mux.close()),

@@ -43,6 +43,16 @@ export interface TurnRoute {
   readonly done: Deferred.Deferred<void>
   /** nobody reads the events any more (the stream was interrupted): they are dropped */
   abandoned: boolean
+  /** called once after the next delivery or end (a reader waiting on this and on something else) */
+  wake?: (() => void) | undefined
+}
+
+const wake = (route: TurnRoute): void => {
+  const w = route.wake
+  if (w !== undefined) {
+    route.wake = undefined
+    w()
+  }
 }
 
 export type TransferResult = { readonly files: number; readonly bytes: number }
@@ -76,8 +86,13 @@ const turnEvent = (event: AgentEvent): TurnEvent => {
 }
 
 /** into a turn's events: at once while there is room, else wait (back pressure) */
-const deliver = (route: TurnRoute, item: TurnEvent): Effect.Effect<void> =>
-  route.events.unsafeOffer(item) ? Effect.void : Effect.asVoid(route.events.offer(item))
+const deliver = (route: TurnRoute, item: TurnEvent): Effect.Effect<void> => {
+  if (route.events.unsafeOffer(item)) {
+    wake(route)
+    return Effect.void
+  }
+  return Effect.zipRight(route.events.offer(item), Effect.sync(() => wake(route)))
+}
 
 /** the turn is over: its consumer reads what is queued, then the end (or the error) */
 const finish = (
@@ -94,8 +109,20 @@ const finish = (
   route.ended = true
   Deferred.unsafeDone(route.done, Exit.void)
   if (route.abandoned) return Effect.void
-  if (last._tag === "End") return Effect.zipRight(deliver(route, last), route.events.end)
-  return Effect.asVoid(route.events.fail(last))
+  if (last._tag === "End") {
+    if (route.events.unsafeOffer(last)) {
+      route.events.unsafeDone(Exit.void)
+      wake(route)
+      return Effect.void
+    }
+    return Effect.zipRight(deliver(route, last), Effect.sync(() => {
+      route.events.unsafeDone(Exit.void)
+      wake(route)
+    }))
+  }
+  route.events.unsafeDone(Exit.fail(last))
+  wake(route)
+  return Effect.void
 }
 
 /** starts the dispatcher on `link.control` for the lifetime of the scope */

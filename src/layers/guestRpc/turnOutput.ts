@@ -16,7 +16,7 @@ const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
 const lossyUtf8 = new TextDecoder("utf-8")
 
 /** a record as the event an `agent_event` would have made of it: text, or base64 when not UTF-8 */
-const recordEvent = (record: OutputRecord): TurnEvent => {
+export const recordEvent = (record: OutputRecord): TurnEvent => {
   let event: AgentEvent
   try {
     event = { kind: record.kind, data: strictUtf8.decode(record.bytes) }
@@ -30,7 +30,7 @@ const recordEvent = (record: OutputRecord): TurnEvent => {
   return { _tag: "Event", event, bytes: record.bytes }
 }
 
-const malformed = (cause: unknown) =>
+export const malformedOutput = (cause: unknown) =>
   new ProtocolError({
     reason: "bad turn output",
     message: cause instanceof OutputRecordError ? cause.message : `turn output channel: ${String(cause)}`
@@ -42,9 +42,9 @@ export const outputEvents = <E>(bytes: Stream.Stream<Uint8Array, E>): Stream.Str
     const decoder = new OutputRecordDecoder()
     return bytes.pipe(
       Stream.mapConcatEffect((chunk) =>
-        Effect.try({ try: () => decoder.push(chunk).map(recordEvent), catch: malformed })
+        Effect.try({ try: () => decoder.push(chunk).map(recordEvent), catch: malformedOutput })
       ),
-      Stream.concat(Stream.drain(Stream.fromEffect(Effect.try({ try: () => decoder.end(), catch: malformed }))))
+      Stream.concat(Stream.drain(Stream.fromEffect(Effect.try({ try: () => decoder.end(), catch: malformedOutput }))))
     )
   })
 
