@@ -8,6 +8,7 @@
  *                       when the connection closes and fails with ProtocolError on a violation.
  *                       Back pressure: while `maxControlQueue` messages wait for the consumer,
  *                       further ones are held by the Mux and then the socket is paused.
+ *   link.takeControl    the same messages without a Stream: what has come (a Mailbox takeAll)
  *   link.send(message)  one control message out (Schema-encoded by the Mux)
  *   link.channel(id)    a data channel for the lifetime of the current Scope:
  *     ch.read           Stream of the peer's bytes; credit goes back to the peer as they are
@@ -22,6 +23,7 @@
  * the dispatcher, which hands out TunnelRequests), answers with `send`, and for an accepted one
  * runs `ch.read` into its upstream and its upstream into `ch.sink`, inside one Scope per tunnel.
  */
+import type * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
@@ -63,6 +65,11 @@ export interface HostChannel {
 
 export interface HostMux {
   readonly control: Stream.Stream<ControlMessage, ProtocolError>
+  /**
+   * `control` without a Stream (the dispatcher's hot loop): what has come, at least one message
+   * unless `done` (the connection closed; a violation fails it). The same queue: use one of them.
+   */
+  readonly takeControl: Effect.Effect<readonly [Chunk.Chunk<ControlMessage>, boolean], ProtocolError>
   readonly send: (message: ControlMessage) => Effect.Effect<void, LinkError>
   readonly channel: (id: number) => Effect.Effect<HostChannel, never, Scope.Scope>
   /** a data channel without a Scope (a hot path's): its owner resets it when done with it */
@@ -167,6 +174,7 @@ export const make = (
     const failure = (cause: unknown) => failureOf(mux, cause)
     return {
       control: Mailbox.toStream(inbox),
+      takeControl: inbox.takeAll,
       send: (message) => Effect.tryPromise({ try: () => mux.sendControl(message), catch: failure }),
       channel: (id) =>
         Effect.acquireRelease(

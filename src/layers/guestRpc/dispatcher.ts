@@ -12,7 +12,6 @@ import * as Exit from "effect/Exit"
 import * as Mailbox from "effect/Mailbox"
 import * as Queue from "effect/Queue"
 import type * as Scope from "effect/Scope"
-import * as Stream from "effect/Stream"
 import { escapeControl } from "../../lib/text.js"
 import type { AgentEvent, ControlMessage, HelloMessage } from "../../protocol/Messages.js"
 import {
@@ -125,7 +124,7 @@ const finish = (
   return Effect.void
 }
 
-/** starts the dispatcher on `link.control` for the lifetime of the scope */
+/** starts the dispatcher on `link.takeControl` for the lifetime of the scope */
 export const start = (link: HostMux): Effect.Effect<Dispatcher, never, Scope.Scope> =>
   Effect.gen(function* () {
     const hello = yield* Deferred.make<HelloMessage, GuestRpcError>()
@@ -258,9 +257,12 @@ export const start = (link: HostMux): Effect.Effect<Dispatcher, never, Scope.Sco
         for (const turn of turns.values()) if (!turn.ended) yield* finish(turn, error)
       })
 
-    yield* Stream.runForEachChunk(link.control, (chunk) =>
-      Effect.forEach(chunk, dispatch, { discard: true })
-    ).pipe(
+    // a plain loop on the adapter's queue (no Stream per message: the per-turn path is hot)
+    const loop: Effect.Effect<void, ProtocolError> = Effect.flatMap(link.takeControl, ([chunk, done]) => {
+      const routed = Effect.forEach(chunk, dispatch, { discard: true })
+      return done ? routed : Effect.zipRight(routed, loop)
+    })
+    yield* loop.pipe(
       Effect.matchEffect({
         onFailure: (error) => terminate(error),
         onSuccess: () => terminate(new GuestDisconnected({ message: "the guest connection closed" }))
