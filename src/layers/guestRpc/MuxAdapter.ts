@@ -16,6 +16,7 @@
  *                       channel (bytes in flight would be lost otherwise).
  *     ch.write(bytes)   waits for credit and for the socket (back pressure); ch.end sends EOF;
  *     ch.sink           writes every chunk, then EOF when the input ends.
+ *   link.unsafeChannel(id)  the same without a Scope (a turn's output channel): its owner resets it
  *   Closing the channel's Scope resets it locally: pending reads and writes fail, late DATA for
  *   it is dropped. Messages that close a channel on the wire (tunnel_close) are the caller's.
  *
