@@ -62,6 +62,8 @@ const decodeJsonText = Schema.decodeUnknownEither(Schema.parseJson())
 const FormatField = Schema.Struct({ format: Schema.Number })
 const decodeFormatField = Schema.decodeUnknownOption(FormatField)
 const decodeSessionMeta = Schema.decodeUnknownEither(SessionMeta)
+/** as FileSystem.readFileString decodes (a BOM dropped, bad bytes replaced alike) */
+const utf8 = new TextDecoder("utf-8")
 
 interface FsLock {
   readonly waitForLock: (fd: number) => Promise<boolean>
@@ -200,7 +202,7 @@ export const makeSessionStore = Effect.gen(function* () {
   const readMetaQuickly = (root: string, id: string, legacy: boolean): SessionListing | undefined => {
     const dir = path.join(root, id)
     try {
-      const json: unknown = JSON.parse(nodeFsSync.readFileSync(sessionFile(dir, "meta"), "utf8"))
+      const json: unknown = JSON.parse(utf8.decode(nodeFsSync.readFileSync(sessionFile(dir, "meta"))))
       const format = decodeFormatField(json)
       if (Option.isSome(format) && format.value.format > SESSION_FORMAT) return undefined
       const meta = decodeSessionMeta(json)
