@@ -6,13 +6,15 @@ import * as Exit from "effect/Exit"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
+import { FEATURE_EXPORT, FEATURE_OUTPUT } from "../src/protocol/Messages.js"
 import { GUEST_RECEIVE_WINDOW, Mux } from "../src/protocol/Mux.js"
 import { GuestRpc, type GuestConnection } from "../src/services/GuestRpc.js"
 import { type BenchContext, type Figure, median, round } from "./lib.js"
 
 /**
  * Protocol figures, with an in-process scripted guest on a real unix socket (no VM):
- * - turnRoundTrip: a no-op turn (user_turn → turn_end) through GuestRpc + Mux vs a raw
+ * - turnRoundTrip: a no-op shell turn (user_turn → turn_end, with the output channel a real
+ *   guest's "output" feature gives it) through GuestRpc + Mux vs a raw
  *   unix-socket echo of one small message (goal ≤ 3×); the note adds CPU time per turn (steadier
  *   than wall time on a loaded machine) and what one Stream.runDrain alone costs.
  * - transfer50MB: 50 MB through GuestRpc.transfer (Mux, credit flow control) vs the same bytes
@@ -28,7 +30,9 @@ const socketIn = (ctx: BenchContext) => path.join(ctx.tmp, `proto-${process.pid}
 
 /**
  * a fake guest: hello/ready, no-op turns, transfers counted and acknowledged; its receive window
- * is the guest agent's (src/guest/agentMain.ts), advertised in hello as the agent does
+ * and features are the guest agent's (src/guest/agent.ts), advertised in hello as the agent does:
+ * with "output" a shell turn's host opens an output channel, which the guest ends (EOF, then
+ * dropped) before turn_end, as the agent does for a command that prints nothing
  */
 const startGuest = (socketPath: string): Promise<net.Socket> =>
   new Promise((resolve, reject) => {
@@ -37,9 +41,14 @@ const startGuest = (socketPath: string): Promise<net.Socket> =>
     socket.once("connect", () => {
       const mux = new Mux(socket, { receiveWindow: GUEST_RECEIVE_WINDOW })
       mux.onError(() => undefined)
-      mux.onControl((m) => {
+      mux.onControl(async (m) => {
         switch (m.type) {
           case "user_turn":
+            if (m.output !== undefined) {
+              const output = mux.channel(m.output)
+              await output.end()
+              output.destroy("turn output sent")
+            }
             return mux.sendControl({
               type: "turn_end",
               turn: m.turn,
@@ -62,7 +71,8 @@ const startGuest = (socketPath: string): Promise<net.Socket> =>
         protocol: 4,
         arch: "x86_64",
         build: "bench",
-        window: GUEST_RECEIVE_WINDOW
+        window: GUEST_RECEIVE_WINDOW,
+        features: [FEATURE_EXPORT, FEATURE_OUTPUT]
       })
       void mux.sendControl({ type: "ready" })
       resolve(socket)
@@ -130,11 +140,15 @@ const cpuPer = (since: NodeJS.CpuUsage, n: number): number => {
 }
 
 export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
-  const { muxMs, muxCpu, streamMs } = await withConnection(ctx, (conn) =>
+  const { client, server } = await rawPair(socketIn(ctx))
+  // turn and floor runs alternate, so that both see the same load on a shared machine
+  const { muxMs, muxCpu, streamMs, floorMs, floorCpu } = await withConnection(ctx, (conn) =>
     Effect.gen(function* () {
       const perRun: Array<number> = []
       const cpuRuns: Array<number> = []
       const streamRuns: Array<number> = []
+      const floorRuns: Array<number> = []
+      const floorCpuRuns: Array<number> = []
       for (let r = 0; r <= ctx.runs; r++) {
         const cpu = process.cpuUsage()
         const start = performance.now()
@@ -145,22 +159,22 @@ export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
         const streamStart = performance.now()
         for (let i = 0; i < TURNS_PER_RUN; i++) yield* Stream.runDrain(Stream.make(i))
         if (r > 0) streamRuns.push((performance.now() - streamStart) / TURNS_PER_RUN)
+        const echoCpu = process.cpuUsage()
+        const echoMs = yield* Effect.promise(() => echoRoundTrips(client, TURNS_PER_RUN))
+        if (r > 0) floorRuns.push(echoMs)
+        if (r > 0) floorCpuRuns.push(cpuPer(echoCpu, TURNS_PER_RUN))
       }
-      return { muxMs: median(perRun), muxCpu: median(cpuRuns), streamMs: median(streamRuns) }
+      return {
+        muxMs: median(perRun),
+        muxCpu: median(cpuRuns),
+        streamMs: median(streamRuns),
+        floorMs: median(floorRuns),
+        floorCpu: median(floorCpuRuns)
+      }
     })
   )
-  const { client, server } = await rawPair(socketIn(ctx))
-  const floorRuns: Array<number> = []
-  const floorCpu: Array<number> = []
-  for (let r = 0; r <= ctx.runs; r++) {
-    const cpu = process.cpuUsage()
-    const ms = await echoRoundTrips(client, TURNS_PER_RUN)
-    if (r > 0) floorRuns.push(ms)
-    if (r > 0) floorCpu.push(cpuPer(cpu, TURNS_PER_RUN))
-  }
   client.destroy()
   server.close()
-  const floorMs = median(floorRuns)
   return {
     ratio: round(muxMs / floorMs),
     medianMs: round(muxMs, 4),
@@ -168,8 +182,9 @@ export const turnRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
     runs: ctx.runs,
     goal: 3,
     note:
-      `ms per no-op turn (user_turn → turn_end), ${TURNS_PER_RUN} turns per run; floor: raw unix-socket echo; ` +
-      `CPU per turn ${round(muxCpu, 0)} µs vs ${round(median(floorCpu), 0)} µs per echo; ` +
+      `ms per no-op shell turn (user_turn → turn_end; the guest lists "output", so the turn opens its output channel, as with the agent), ` +
+      `${TURNS_PER_RUN} turns per run; floor: raw unix-socket echo, runs alternating; ` +
+      `CPU per turn ${round(muxCpu, 0)} µs vs ${round(floorCpu, 0)} µs per echo; ` +
       `Stream.runDrain of a one-element Stream alone: ${round(streamMs, 4)} ms = ${round(streamMs / floorMs)}× the echo`
   }
 }

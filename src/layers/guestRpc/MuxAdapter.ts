@@ -8,6 +8,7 @@
  *                       when the connection closes and fails with ProtocolError on a violation.
  *                       Back pressure: while `maxControlQueue` messages wait for the consumer,
  *                       further ones are held by the Mux and then the socket is paused.
+ *   link.takeControl    the same messages without a Stream: what has come (a Mailbox takeAll)
  *   link.send(message)  one control message out (Schema-encoded by the Mux)
  *   link.channel(id)    a data channel for the lifetime of the current Scope:
  *     ch.read           Stream of the peer's bytes; credit goes back to the peer as they are
@@ -15,6 +16,7 @@
  *                       channel (bytes in flight would be lost otherwise).
  *     ch.write(bytes)   waits for credit and for the socket (back pressure); ch.end sends EOF;
  *     ch.sink           writes every chunk, then EOF when the input ends.
+ *   link.unsafeChannel(id)  the same without a Scope (a turn's output channel): its owner resets it
  *   Closing the channel's Scope resets it locally: pending reads and writes fail, late DATA for
  *   it is dropped. Messages that close a channel on the wire (tunnel_close) are the caller's.
  *
@@ -22,6 +24,7 @@
  * the dispatcher, which hands out TunnelRequests), answers with `send`, and for an accepted one
  * runs `ch.read` into its upstream and its upstream into `ch.sink`, inside one Scope per tunnel.
  */
+import type * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
@@ -53,12 +56,25 @@ export interface HostChannel {
   readonly sink: Sink.Sink<void, Uint8Array, never, LinkError>
   /** a local reset now (the Scope does it at its close otherwise) */
   readonly reset: (reason: string) => Effect.Effect<void>
+  /**
+   * the next chunk of the peer's bytes as a Promise (rejected with a LinkError), for a reader
+   * that waits on it and on something else at once without abandoning a read (a hot path's
+   * hand-made merge); use it or `read`, never both
+   */
+  readonly next: () => Promise<IteratorResult<Uint8Array>>
 }
 
 export interface HostMux {
   readonly control: Stream.Stream<ControlMessage, ProtocolError>
+  /**
+   * `control` without a Stream (the dispatcher's hot loop): what has come, at least one message
+   * unless `done` (the connection closed; a violation fails it). The same queue: use one of them.
+   */
+  readonly takeControl: Effect.Effect<readonly [Chunk.Chunk<ControlMessage>, boolean], ProtocolError>
   readonly send: (message: ControlMessage) => Effect.Effect<void, LinkError>
   readonly channel: (id: number) => Effect.Effect<HostChannel, never, Scope.Scope>
+  /** a data channel without a Scope (a hot path's): its owner resets it when done with it */
+  readonly unsafeChannel: (id: number) => HostChannel
   /** completes when the connection has closed (either side, or a violation) */
   readonly closed: Effect.Effect<void>
   /** closed, or closed by a protocol violation */
@@ -110,8 +126,14 @@ const wrapChannel = (mux: Mux, channel: MuxChannel): HostChannel => {
       })
     )
   })
+  let iterator: AsyncIterator<Uint8Array> | undefined
+  const next = (): Promise<IteratorResult<Uint8Array>> => {
+    iterator ??= channel.readable[Symbol.asyncIterator]()
+    return iterator.next().catch((cause: unknown) => Promise.reject(failure(cause)))
+  }
   return {
     id: channel.id,
+    next,
     read,
     write,
     end,
@@ -153,12 +175,14 @@ export const make = (
     const failure = (cause: unknown) => failureOf(mux, cause)
     return {
       control: Mailbox.toStream(inbox),
+      takeControl: inbox.takeAll,
       send: (message) => Effect.tryPromise({ try: () => mux.sendControl(message), catch: failure }),
       channel: (id) =>
         Effect.acquireRelease(
           Effect.sync(() => mux.channel(id)),
           (channel) => Effect.sync(() => channel.destroy(`channel ${id} closed`))
         ).pipe(Effect.map((channel) => wrapChannel(mux, channel))),
+      unsafeChannel: (id) => wrapChannel(mux, mux.channel(id)),
       closed: Deferred.await(closed),
       isOpen: () => !mux.isClosed && mux.failure === undefined,
       close: Effect.sync(() => mux.close()),

@@ -12,7 +12,6 @@ import * as Exit from "effect/Exit"
 import * as Mailbox from "effect/Mailbox"
 import * as Queue from "effect/Queue"
 import type * as Scope from "effect/Scope"
-import * as Stream from "effect/Stream"
 import { escapeControl } from "../../lib/text.js"
 import type { AgentEvent, ControlMessage, HelloMessage } from "../../protocol/Messages.js"
 import {
@@ -43,6 +42,16 @@ export interface TurnRoute {
   readonly done: Deferred.Deferred<void>
   /** nobody reads the events any more (the stream was interrupted): they are dropped */
   abandoned: boolean
+  /** called once after the next delivery or end (a reader waiting on this and on something else) */
+  wake?: (() => void) | undefined
+}
+
+const wake = (route: TurnRoute): void => {
+  const w = route.wake
+  if (w !== undefined) {
+    route.wake = undefined
+    w()
+  }
 }
 
 export type TransferResult = { readonly files: number; readonly bytes: number }
@@ -76,8 +85,13 @@ const turnEvent = (event: AgentEvent): TurnEvent => {
 }
 
 /** into a turn's events: at once while there is room, else wait (back pressure) */
-const deliver = (route: TurnRoute, item: TurnEvent): Effect.Effect<void> =>
-  route.events.unsafeOffer(item) ? Effect.void : Effect.asVoid(route.events.offer(item))
+const deliver = (route: TurnRoute, item: TurnEvent): Effect.Effect<void> => {
+  if (route.events.unsafeOffer(item)) {
+    wake(route)
+    return Effect.void
+  }
+  return Effect.zipRight(route.events.offer(item), Effect.sync(() => wake(route)))
+}
 
 /** the turn is over: its consumer reads what is queued, then the end (or the error) */
 const finish = (
@@ -94,11 +108,23 @@ const finish = (
   route.ended = true
   Deferred.unsafeDone(route.done, Exit.void)
   if (route.abandoned) return Effect.void
-  if (last._tag === "End") return Effect.zipRight(deliver(route, last), route.events.end)
-  return Effect.asVoid(route.events.fail(last))
+  if (last._tag === "End") {
+    if (route.events.unsafeOffer(last)) {
+      route.events.unsafeDone(Exit.void)
+      wake(route)
+      return Effect.void
+    }
+    return Effect.zipRight(deliver(route, last), Effect.sync(() => {
+      route.events.unsafeDone(Exit.void)
+      wake(route)
+    }))
+  }
+  route.events.unsafeDone(Exit.fail(last))
+  wake(route)
+  return Effect.void
 }
 
-/** starts the dispatcher on `link.control` for the lifetime of the scope */
+/** starts the dispatcher on `link.takeControl` for the lifetime of the scope */
 export const start = (link: HostMux): Effect.Effect<Dispatcher, never, Scope.Scope> =>
   Effect.gen(function* () {
     const hello = yield* Deferred.make<HelloMessage, GuestRpcError>()
@@ -231,9 +257,12 @@ export const start = (link: HostMux): Effect.Effect<Dispatcher, never, Scope.Sco
         for (const turn of turns.values()) if (!turn.ended) yield* finish(turn, error)
       })
 
-    yield* Stream.runForEachChunk(link.control, (chunk) =>
-      Effect.forEach(chunk, dispatch, { discard: true })
-    ).pipe(
+    // a plain loop on the adapter's queue (no Stream per message: the per-turn path is hot)
+    const loop: Effect.Effect<void, ProtocolError> = Effect.flatMap(link.takeControl, ([chunk, done]) => {
+      const routed = Effect.forEach(chunk, dispatch, { discard: true })
+      return done ? routed : Effect.zipRight(routed, loop)
+    })
+    yield* loop.pipe(
       Effect.matchEffect({
         onFailure: (error) => terminate(error),
         onSuccess: () => terminate(new GuestDisconnected({ message: "the guest connection closed" }))
