@@ -33,8 +33,12 @@ interface NativeLocks {
   readonly unlock: (fd: number) => void
 }
 
-// a CommonJS native addon without type declarations; the bundle keeps it external
-const nativeLocks = createRequire(import.meta.url)("fs-native-extensions") as NativeLocks
+// a CommonJS native addon without type declarations; the bundle keeps it external. Loaded on the
+// first lock taken: `abox list` builds this layer on every start, and a session that never ran
+// has no lock file to probe (loading the addon costs more than the rest of the layer)
+let nativeLocksLoaded: NativeLocks | undefined
+const nativeLocks = (): NativeLocks =>
+  (nativeLocksLoaded ??= createRequire(import.meta.url)("fs-native-extensions") as NativeLocks)
 
 const errorCode = (cause: unknown): string | undefined =>
   typeof cause === "object" && cause !== null && "code" in cause && typeof cause.code === "string"
@@ -77,7 +81,7 @@ export const RuntimeLockLive = Layer.effect(
 
     const lock = (sessionId: string, lockPath: string, fd: number) =>
       Effect.try({
-        try: () => nativeLocks.tryLock(fd),
+        try: () => nativeLocks().tryLock(fd),
         catch: (cause) =>
           // F_OFD_SETLK may report a conflict as EACCES instead of EAGAIN
           errorCode(cause) === "EACCES" || errorCode(cause) === "EAGAIN"
@@ -121,7 +125,7 @@ export const RuntimeLockLive = Layer.effect(
           Effect.sync(() => {
             if (!handedOff) {
               try {
-                nativeLocks.unlock(held.fd)
+                nativeLocks().unlock(held.fd)
               } catch {
                 // closing the fd below releases it anyway
               }

@@ -61,6 +61,9 @@ const LIST_CONCURRENCY = 32
 const decodeJsonText = Schema.decodeUnknownEither(Schema.parseJson())
 const FormatField = Schema.Struct({ format: Schema.Number })
 const decodeFormatField = Schema.decodeUnknownOption(FormatField)
+const decodeSessionMeta = Schema.decodeUnknownEither(SessionMeta)
+/** as FileSystem.readFileString decodes (a BOM dropped, bad bytes replaced alike) */
+const utf8 = new TextDecoder("utf-8")
 
 interface FsLock {
   readonly waitForLock: (fd: number) => Promise<boolean>
@@ -191,6 +194,26 @@ export const makeSessionStore = Effect.gen(function* () {
     return yield* readMeta(yield* locateId(id))
   })
 
+  /**
+   * `readMeta` for a session whose session.json reads, parses, has a supported format, decodes
+   * and names its own directory; undefined for anything else (readMeta then says what is wrong,
+   * with the same messages as ever).
+   */
+  const readMetaQuickly = (root: string, id: string, legacy: boolean): SessionListing | undefined => {
+    const dir = path.join(root, id)
+    try {
+      const json: unknown = JSON.parse(utf8.decode(nodeFsSync.readFileSync(sessionFile(dir, "meta"))))
+      const format = decodeFormatField(json)
+      if (Option.isSome(format) && format.value.format > SESSION_FORMAT) return undefined
+      const meta = decodeSessionMeta(json)
+      return Either.isRight(meta) && meta.right.id === id
+        ? { _tag: "Ok", id, dir, legacy, meta: meta.right }
+        : undefined
+    } catch {
+      return undefined
+    }
+  }
+
   const listHome = (root: string, legacy: boolean) =>
     Effect.gen(function* () {
       const entries = yield* fs.readDirectory(root).pipe(
@@ -198,9 +221,14 @@ export const makeSessionStore = Effect.gen(function* () {
         Effect.mapError(ioError(root, "list"))
       )
       const candidates = entries.filter((e) => isSafeSegment(e)).sort()
-      const rows = yield* Effect.forEach(
-        candidates,
-        (id) => {
+      // The common case in one synchronous pass (one readFileSync and a compiled decoder per
+      // session, no fiber or promise each: `abox list` reads every session, docs/performance.md);
+      // a session that does not read back whole goes through readMeta, which reports it.
+      const rows = yield* Effect.sync(() => candidates.map((id) => readMetaQuickly(root, id, legacy)))
+      const reread = yield* Effect.forEach(
+        rows.flatMap((row, i) => (row === undefined ? [i] : [])),
+        (i) => {
+          const id = candidates[i]!
           const at: SessionLocation = { id, dir: path.join(root, id), legacy }
           return readMeta(at).pipe(
             Effect.map((meta): Option.Option<SessionListing> => Option.some({ _tag: "Ok", ...at, meta })),
@@ -230,7 +258,11 @@ export const makeSessionStore = Effect.gen(function* () {
         },
         { concurrency: LIST_CONCURRENCY }
       )
-      return rows.flatMap((row) => (Option.isSome(row) ? [row.value] : []))
+      let next = 0
+      return rows.flatMap((row): Array<SessionListing> => {
+        const listed = row ?? reread[next++]!
+        return Option.isOption(listed) ? (Option.isSome(listed) ? [listed.value] : []) : [listed]
+      })
     })
 
   const list = Effect.fn("SessionStore.list")(function* () {
@@ -483,7 +515,8 @@ export const makeSessionStore = Effect.gen(function* () {
   const dir = (id: string): string => {
     const current = paths.sessionDir(id)
     if (!isSafeSegment(id)) return current
-    const isDirectory = (p: string) => nodeFsSync.statSync(p, { throwIfNoEntry: false })?.isDirectory() === true
+    const isDirectory = (p: string) =>
+      nodeFsSync.statSync(p, { throwIfNoEntry: false })?.isDirectory() === true
     const legacy = path.join(paths.legacySessions, id)
     return !isDirectory(current) && isDirectory(legacy) ? legacy : current
   }

@@ -17,7 +17,13 @@ export const diskUsage = (
   dir: string,
   /** told the names directly in `dir` (saves the caller a second readdir) */
   onTopEntries?: (entries: ReadonlyArray<string>) => void
-): Effect.Effect<number> => {
+): Effect.Effect<number> => Effect.sync(() => diskUsageSync(dir, onTopEntries))
+
+/** `diskUsage` as a plain function, for a caller that walks many directories in one pass */
+export const diskUsageSync = (
+  dir: string,
+  onTopEntries?: (entries: ReadonlyArray<string>) => void
+): number => {
   const walk = (file: string): number => {
     try {
       const info = fs.lstatSync(file)
@@ -29,7 +35,7 @@ export const diskUsage = (
       return 0
     }
   }
-  return Effect.sync(() => walk(dir))
+  return walk(dir)
 }
 
 /** 1.2 GB, 110 MB, 4.0 kB: decimal units, as `du -h --si` */

@@ -1,6 +1,6 @@
 import * as Effect from "effect/Effect"
 import * as fs from "node:fs/promises"
-import { diskUsage } from "../lib/diskUsage.js"
+import { diskUsageSync } from "../lib/diskUsage.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, type SessionListing } from "../services/SessionStore.js"
 import { SESSION_FILES, sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
@@ -43,25 +43,35 @@ export type ListedSession = SessionListing & {
   readonly bytes: number
 }
 
-/** every session (current and legacy home) with its names, status and disk usage */
+/**
+ * Every session (current and legacy home) with its names, status and disk usage. The disk usage
+ * walks (which also say whether a session has a lock file) run in one synchronous pass, and only
+ * a session with a lock file has it probed: a fiber per session cost more than its few syscalls
+ * (`abox list` over 1,000 sessions, docs/performance.md).
+ */
 export const listSessions = Effect.fn("listSessions")(function* () {
   const store = yield* SessionStore
   const [rows, names] = yield* Effect.all([store.list(), store.listNames()], { concurrency: 2 })
-  return yield* Effect.forEach(
-    rows,
-    (row) =>
-      Effect.gen(function* () {
-        let hasLockFile = false
-        const bytes = yield* diskUsage(row.dir, (entries) => (hasLockFile = entries.includes(SESSION_FILES.lock)))
-        return { bytes, status: yield* sessionStatus(row, hasLockFile) }
-      }).pipe(
-        Effect.map(({ status, bytes }): ListedSession => ({
-          ...row,
-          names: names.filter((b) => b.sessionId === row.id).map((b) => b.name),
-          status,
-          bytes
-        }))
-      ),
-    { concurrency: 8 }
+  const namesOf = new Map<string, Array<string>>()
+  for (const b of names) {
+    const of = namesOf.get(b.sessionId)
+    if (of === undefined) namesOf.set(b.sessionId, [b.name])
+    else of.push(b.name)
+  }
+  const usage = yield* Effect.sync(() =>
+    rows.map((row) => {
+      let hasLockFile = false
+      const bytes = diskUsageSync(row.dir, (entries) => (hasLockFile = entries.includes(SESSION_FILES.lock)))
+      return { bytes, hasLockFile }
+    })
   )
+  const locked = rows.filter((_, i) => usage[i]!.hasLockFile)
+  const lockedStatus = yield* Effect.forEach(locked, (row) => sessionStatus(row, true), { concurrency: 8 })
+  const statusOf = new Map(locked.map((row, i) => [row, lockedStatus[i]!]))
+  return rows.map((row, i): ListedSession => ({
+    ...row,
+    names: namesOf.get(row.id) ?? [],
+    status: statusOf.get(row) ?? "stopped",
+    bytes: usage[i]!.bytes
+  }))
 })

@@ -3,7 +3,7 @@ import * as Options from "@effect/cli/Options"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as fs from "node:fs/promises"
+import * as fs from "node:fs"
 import { formatBytes } from "../../lib/diskUsage.js"
 import { controlSocketPath } from "../../lib/socketPath.js"
 import { listSessions, type ListedSession } from "../../programs/list.js"
@@ -70,22 +70,29 @@ const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
  * The status of a session's supervisor, None when nobody serves it. Without a control socket
  * there is nobody to ask (what `statusIfRunning` would find at once), and the control client
  * is not even loaded: most sessions are not detached, and `list` stays light (its start-up
- * is a feature, docs/performance.md).
+ * is a feature, docs/performance.md). The sockets are looked for in one synchronous pass.
  */
-const supervisorStatus = (row: ListedSession) =>
-  Effect.promise(() =>
-    fs.access(controlSocketPath(row.dir)).then(
-      () => true,
-      () => false
-    )
+const supervisorStatuses = (rows: ReadonlyArray<ListedSession>) =>
+  Effect.sync(() =>
+    rows.map((row) => row._tag === "Ok" && !row.legacy && fs.existsSync(controlSocketPath(row.dir)))
   ).pipe(
     Effect.flatMap((served) =>
-      served
+      served.some((s) => s)
         ? Effect.flatMap(
             Effect.promise(() => import("../../programs/detached.js")),
-            (detached) => detached.statusIfRunning(row.id)
+            (detached) =>
+              Effect.forEach(
+                rows.filter((_, i) => served[i]),
+                (row) => Effect.map(detached.statusIfRunning(row.id), (status) => [row, status] as const),
+                { concurrency: 8 }
+              ).pipe(
+                Effect.map((found) => {
+                  const of = new Map(found)
+                  return rows.map((row) => of.get(row) ?? Option.none<StatusReply>())
+                })
+              )
           )
-        : Effect.succeed(Option.none<StatusReply>())
+        : Effect.succeed(rows.map(() => Option.none<StatusReply>()))
     )
   )
 
@@ -113,12 +120,7 @@ export const list = Command.make("list", { json }, (args) =>
     Effect.gen(function* () {
       const rows = yield* listSessions()
       // detached sessions: ask each session's control socket (no socket: not running, at once)
-      const supervisors = yield* Effect.forEach(
-        rows,
-        (row) =>
-          row._tag === "Ok" && !row.legacy ? supervisorStatus(row) : Effect.succeed(Option.none<StatusReply>()),
-        { concurrency: 8 }
-      )
+      const supervisors = yield* supervisorStatuses(rows)
       const now = Date.now()
       const supervisorOf = (i: number) =>
         Option.getOrNull(Option.map(supervisors[i] ?? Option.none(), (s) => supervisorJson(s, now)))
