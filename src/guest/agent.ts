@@ -58,6 +58,11 @@ export interface GuestAgentOptions {
   readonly now?: () => Date
   /** the repository disk is mounted on repoDir (hello.repoDisk) */
   readonly repoDisk?: boolean | undefined
+  /**
+   * run before every turn_end (a VM: the guest's `sync`), so that what a turn wrote is on the
+   * session's disks once the host hears that it ended, however the VM is stopped after that
+   */
+  readonly settle?: (() => Promise<void>) | undefined
 }
 
 /** why the conversation ended */
@@ -140,6 +145,14 @@ export class GuestAgent {
     return this.options.link.sendControl(message).catch((error: unknown) => {
       this.options.log(`could not send ${message.type}: ${errorText(error)}`)
     })
+  }
+
+  private async settle(): Promise<void> {
+    try {
+      await this.options.settle?.()
+    } catch (error) {
+      this.options.log(`could not sync the disks: ${errorText(error)}`)
+    }
   }
 
   private async save(): Promise<void> {
@@ -446,6 +459,7 @@ export class GuestAgent {
       async (result) => {
         this.history.push({ turn, text, ...result, startedAt, endedAt: this.now().toISOString() })
         await this.save()
+        await this.settle()
         // all output before the end: its EOF goes before turn_end
         if (raw) await endOutput(result.cancelled)
         await this.send({ type: "turn_end", turn, ...result })

@@ -307,7 +307,10 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     ignoreShutdown: config.right.ignoreShutdown,
     onTunnelMessage: proxy.onTunnelMessage,
     log,
-    repoDisk: disks.repo
+    repoDisk: disks.repo,
+    // in a VM the host may stop it without the guest's help (its supervisor killed): a turn's
+    // writes are synced before its end is reported (on the host, FakeVmm, the host's disks are not ours)
+    settle: flags.onShutdown === "poweroff" ? () => runCommand("sync", []).then(() => undefined) : undefined
   })
   log(
     `session ${config.right.sessionId} on ${rpc.describe}, ${history.length} turns remembered, ` +
