@@ -4,7 +4,6 @@
  * guest), a malformed record is a protocol error, and the CLI's writer waits for a full stdout.
  */
 import { mkdtempSync, rmSync } from "node:fs"
-import * as net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { Writable } from "node:stream"
@@ -18,8 +17,7 @@ import * as Stream from "effect/Stream"
 import { writeOutput } from "../src/cli/turnOutput.js"
 import { ByteChunker } from "../src/guest/turns.js"
 import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { type ControlMessage, FEATURE_OUTPUT } from "../src/protocol/Messages.js"
-import { INITIAL_WINDOW, Mux } from "../src/protocol/Mux.js"
+import { INITIAL_WINDOW, type Mux } from "../src/protocol/Mux.js"
 import {
   encodeOutputRecord,
   MAX_OUTPUT_RECORD,
@@ -27,50 +25,13 @@ import {
   OutputRecordError
 } from "../src/protocol/TurnOutput.js"
 import { GuestRpc, type TurnEvent } from "../src/services/GuestRpc.js"
+import { outputGuest } from "./support/outputGuest.js"
 
 const dir = mkdtempSync(join(tmpdir(), "abox-output-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
 let counter = 0
 const socketPath = () => join(dir, `rpc${counter++}.sock`)
 const options = { helloTimeout: "5 seconds", shutdownTimeout: "5 seconds" } as const
-
-/** a guest that lists FEATURE_OUTPUT and answers each user_turn with `onTurn` */
-const outputGuest = (
-  path: string,
-  onTurn: (mux: Mux, message: Extract<ControlMessage, { type: "user_turn" }>) => Promise<void>
-): Promise<Mux> =>
-  new Promise((resolve, reject) => {
-    const socket = net.connect(path)
-    socket.once("error", reject)
-    socket.once("connect", () => {
-      const mux = new Mux(socket)
-      mux.onControl((m) => {
-        if (m.type === "shutdown") return mux.close()
-        if (m.type === "cancel") {
-          return mux.sendControl({
-            type: "turn_end",
-            turn: m.turn,
-            exitCode: null,
-            signal: "SIGTERM",
-            cancelled: true
-          })
-        }
-        // a turn cut short by the host's close is not this test's failure
-        if (m.type === "user_turn") onTurn(mux, m).catch(() => undefined)
-      })
-      mux.onError(() => undefined)
-      void mux.sendControl({
-        type: "hello",
-        protocol: 4,
-        arch: "x86_64",
-        build: "fake",
-        contextTurns: 0,
-        features: [FEATURE_OUTPUT]
-      })
-      void mux.sendControl({ type: "ready" })
-      resolve(mux)
-    })
-  })
 
 const turnEnd = (mux: Mux, turn: number) =>
   mux.sendControl({ type: "turn_end", turn, exitCode: 0, signal: null, cancelled: false })

@@ -5,7 +5,6 @@
  * while its channel stays open.
  */
 import { mkdtempSync, rmSync } from "node:fs"
-import * as net from "node:net"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { afterAll, describe, expect, it } from "@effect/vitest"
@@ -15,40 +14,15 @@ import * as Exit from "effect/Exit"
 import * as Fiber from "effect/Fiber"
 import * as Stream from "effect/Stream"
 import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { type ControlMessage, FEATURE_OUTPUT } from "../src/protocol/Messages.js"
-import { Mux } from "../src/protocol/Mux.js"
 import { encodeOutputRecord } from "../src/protocol/TurnOutput.js"
 import { GuestRpc, type TurnEvent } from "../src/services/GuestRpc.js"
+import { outputGuest } from "./support/outputGuest.js"
 
 const dir = mkdtempSync(join(tmpdir(), "abox-merge-"))
 afterAll(() => rmSync(dir, { recursive: true, force: true }))
 let counter = 0
 const socketPath = () => join(dir, `rpc${counter++}.sock`)
 const options = { helloTimeout: "5 seconds", shutdownTimeout: "5 seconds" } as const
-
-/** a guest that lists FEATURE_OUTPUT and answers each user_turn with `onTurn` */
-const outputGuest = (
-  path: string,
-  onTurn: (mux: Mux, message: Extract<ControlMessage, { type: "user_turn" }>) => Promise<void>
-): Promise<Mux> =>
-  new Promise((resolve, reject) => {
-    const socket = net.connect(path)
-    socket.once("error", reject)
-    socket.once("connect", () => {
-      const mux = new Mux(socket)
-      mux.onControl((m) => {
-        if (m.type === "shutdown") return mux.close()
-        if (m.type === "cancel") {
-          return mux.sendControl({ type: "turn_end", turn: m.turn, exitCode: null, signal: "SIGTERM", cancelled: true })
-        }
-        if (m.type === "user_turn") onTurn(mux, m).catch(() => undefined)
-      })
-      mux.onError(() => undefined)
-      void mux.sendControl({ type: "hello", protocol: 4, arch: "x86_64", build: "fake", contextTurns: 0, features: [FEATURE_OUTPUT] })
-      void mux.sendControl({ type: "ready" })
-      resolve(mux)
-    })
-  })
 
 const describeEvent = (e: TurnEvent): string =>
   e._tag === "End" ? "End" : e.event.kind === "text" ? `text:${e.event.delta}` : `${e.event.kind}:${Buffer.from(e.bytes ?? []).toString()}`
