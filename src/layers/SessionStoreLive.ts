@@ -5,6 +5,7 @@ import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
+import type * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import { createRequire } from "node:module"
 // Raw node:fs for what FileSystem cannot express: an fd opened for an OFD/flock lock, a
@@ -65,6 +66,51 @@ const decodeSessionMeta = Schema.decodeUnknownEither(SessionMeta)
 /** as FileSystem.readFileString decodes (a BOM dropped, bad bytes replaced alike) */
 const utf8 = new TextDecoder("utf-8")
 
+/** a store file's text → its value, or why it is unusable (pure: `list` reads every session without a fiber each) */
+const parseStoreFile = <A>(
+  file: string,
+  text: string,
+  decode: (input: unknown) => Either.Either<A, ParseResult.ParseError>,
+  supported: number
+): Either.Either<A, SessionCorrupt | SessionFormatTooNew> => {
+  const corrupt = (reason: string) =>
+    Either.left(new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` }))
+  const json = decodeJsonText(text)
+  if (Either.isLeft(json)) {
+    return corrupt(
+      text.trim().length === 0
+        ? "the file is empty"
+        : `not valid JSON (${(json.left.message.split("\n").at(-1) ?? "").replace(/^[\s└─]+/, "")})`
+    )
+  }
+  const format = decodeFormatField(json.right)
+  if (Option.isSome(format) && format.value.format > supported) {
+    return Either.left(
+      new SessionFormatTooNew({
+        path: file,
+        found: format.value.format,
+        supported,
+        message: `${file} has format ${format.value.format}; this abox reads format ${supported} (upgrade abox)`
+      })
+    )
+  }
+  const value = decode(json.right)
+  return Either.isLeft(value) ? corrupt(describeParseError(value.left)) : Either.right(value.right)
+}
+
+/** session.json's text → the session it records, which must be the one in this directory */
+const parseSessionMeta = (
+  at: SessionLocation,
+  text: string
+): Either.Either<SessionMeta, SessionCorrupt | SessionFormatTooNew> => {
+  const file = sessionFile(at.dir, "meta")
+  return Either.flatMap(parseStoreFile(file, text, decodeSessionMeta, SESSION_FORMAT), (meta) => {
+    if (meta.id === at.id) return Either.right(meta)
+    const reason = `it records id "${meta.id}" but lives in directory "${at.id}"`
+    return Either.left(new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` }))
+  })
+}
+
 interface FsLock {
   readonly waitForLock: (fd: number) => Promise<boolean>
   readonly unlock: (fd: number) => boolean
@@ -110,43 +156,23 @@ export const makeSessionStore = Effect.gen(function* () {
    * Read and decode one JSON file of a session. Never writes: a bad file is reported with its
    * path and the reason and left as it is.
    */
+  const readText = (file: string, ref: string) =>
+    fs.readFileString(file).pipe(
+      Effect.mapError((error) =>
+        isNotFound(error)
+          ? new SessionNotFound({ ref, message: `${file} does not exist` })
+          : new StoreIoError({
+              path: file,
+              operation: "read",
+              message: `cannot read ${file}: ${reasonOf(error)}`
+            })
+      )
+    )
+
   const readJson = <A, I>(file: string, ref: string, schema: Schema.Schema<A, I>, supported: number) =>
-    Effect.gen(function* () {
-      const text = yield* fs.readFileString(file).pipe(
-        Effect.mapError((error) =>
-          isNotFound(error)
-            ? new SessionNotFound({ ref, message: `${file} does not exist` })
-            : new StoreIoError({
-                path: file,
-                operation: "read",
-                message: `cannot read ${file}: ${reasonOf(error)}`
-              })
-        )
-      )
-      const json = decodeJsonText(text)
-      if (Either.isLeft(json)) {
-        const reason =
-          text.trim().length === 0
-            ? "the file is empty"
-            : `not valid JSON (${(json.left.message.split("\n").at(-1) ?? "").replace(/^[\s└─]+/, "")})`
-        return yield* new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
-      }
-      const format = decodeFormatField(json.right)
-      if (Option.isSome(format) && format.value.format > supported) {
-        return yield* new SessionFormatTooNew({
-          path: file,
-          found: format.value.format,
-          supported,
-          message: `${file} has format ${format.value.format}; this abox reads format ${supported} (upgrade abox)`
-        })
-      }
-      return yield* Schema.decodeUnknown(schema)(json.right).pipe(
-        Effect.mapError((error) => {
-          const reason = describeParseError(error)
-          return new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
-        })
-      )
-    })
+    Effect.flatMap(readText(file, ref), (text) =>
+      parseStoreFile(file, text, Schema.decodeUnknownEither(schema), supported)
+    )
 
   /** the session directory of `id`: the current home first, then the legacy one */
   const locateId = (id: string): Effect.Effect<SessionLocation, SessionNotFound | StoreIoError> =>
@@ -169,15 +195,7 @@ export const makeSessionStore = Effect.gen(function* () {
     })
 
   const readMeta = (at: SessionLocation): Effect.Effect<SessionMeta, ReadError> =>
-    Effect.gen(function* () {
-      const file = sessionFile(at.dir, "meta")
-      const meta = yield* readJson(file, at.id, SessionMeta, SESSION_FORMAT)
-      if (meta.id !== at.id) {
-        const reason = `it records id "${meta.id}" but lives in directory "${at.id}"`
-        return yield* new SessionCorrupt({ path: file, reason, message: `${file} is corrupt: ${reason}` })
-      }
-      return meta
-    })
+    Effect.flatMap(readText(sessionFile(at.dir, "meta"), at.id), (text) => parseSessionMeta(at, text))
 
   const refuseLegacy = (at: SessionLocation, operation: string) =>
     at.legacy
@@ -195,23 +213,21 @@ export const makeSessionStore = Effect.gen(function* () {
   })
 
   /**
-   * `readMeta` for a session whose session.json reads, parses, has a supported format, decodes
-   * and names its own directory; undefined for anything else (readMeta then says what is wrong,
-   * with the same messages as ever).
+   * session.json read synchronously (one readFileSync each: `abox list` reads every session,
+   * docs/performance.md) and parsed as readMeta does; undefined when it cannot be read (readMeta
+   * then says why)
    */
-  const readMetaQuickly = (root: string, id: string, legacy: boolean): SessionListing | undefined => {
-    const dir = path.join(root, id)
+  const listedFromDisk = (at: SessionLocation): SessionListing | undefined => {
+    let text: string
     try {
-      const json: unknown = JSON.parse(utf8.decode(nodeFsSync.readFileSync(sessionFile(dir, "meta"))))
-      const format = decodeFormatField(json)
-      if (Option.isSome(format) && format.value.format > SESSION_FORMAT) return undefined
-      const meta = decodeSessionMeta(json)
-      return Either.isRight(meta) && meta.right.id === id
-        ? { _tag: "Ok", id, dir, legacy, meta: meta.right }
-        : undefined
+      text = utf8.decode(nodeFsSync.readFileSync(sessionFile(at.dir, "meta")))
     } catch {
       return undefined
     }
+    const meta = parseSessionMeta(at, text)
+    return Either.isRight(meta)
+      ? { _tag: "Ok", ...at, meta: meta.right }
+      : { _tag: "Corrupt", ...at, error: meta.left }
   }
 
   const listHome = (root: string, legacy: boolean) =>
@@ -224,13 +240,12 @@ export const makeSessionStore = Effect.gen(function* () {
       // The common case in one synchronous pass (one readFileSync and a compiled decoder per
       // session, no fiber or promise each: `abox list` reads every session, docs/performance.md);
       // a session that does not read back whole goes through readMeta, which reports it.
-      const rows = yield* Effect.sync(() => candidates.map((id) => readMetaQuickly(root, id, legacy)))
+      const locations = candidates.map((id): SessionLocation => ({ id, dir: path.join(root, id), legacy }))
+      const rows = yield* Effect.sync(() => locations.map(listedFromDisk))
       const reread = yield* Effect.forEach(
-        rows.flatMap((row, i) => (row === undefined ? [i] : [])),
-        (i) => {
-          const id = candidates[i]!
-          const at: SessionLocation = { id, dir: path.join(root, id), legacy }
-          return readMeta(at).pipe(
+        rows.flatMap((row, i) => (row === undefined ? [locations[i]!] : [])),
+        (at) =>
+          readMeta(at).pipe(
             Effect.map((meta): Option.Option<SessionListing> => Option.some({ _tag: "Ok", ...at, meta })),
             Effect.catchAll((error) =>
               Effect.gen(function* () {
@@ -254,8 +269,7 @@ export const makeSessionStore = Effect.gen(function* () {
                 })
               })
             )
-          )
-        },
+          ),
         { concurrency: LIST_CONCURRENCY }
       )
       let next = 0
