@@ -29,7 +29,7 @@ const alone =
  * same whichever way a command line goes. Not here: a command with subcommands of its own
  * (`image`), whose parse errors list the root's subcommands.
  */
-const alone_ = {
+const runsAlone = {
   list: () => import("./commands/list.js").then((m) => alone(m.list)),
   show: () => import("./commands/show.js").then((m) => alone(m.show)),
   name: () => import("./commands/name.js").then((m) => alone(m.name)),
@@ -46,7 +46,7 @@ const alone_ = {
 } satisfies Record<string, () => Promise<CliRun>>
 
 /** the subcommands that run alone */
-export const lightCommands: ReadonlyArray<string> = Object.keys(alone_)
+export const lightCommands: ReadonlyArray<string> = Object.keys(runsAlone)
 
 /** every subcommand, on every service (what any other command line runs) */
 const full = (): Promise<CliRun> =>
@@ -63,5 +63,5 @@ const full = (): Promise<CliRun> =>
  */
 export const loadCli = (argv: ReadonlyArray<string>): Promise<CliRun> => {
   const word = argv[2]
-  return word !== undefined && Object.hasOwn(alone_, word) ? alone_[word as keyof typeof alone_]() : full()
+  return word !== undefined && Object.hasOwn(runsAlone, word) ? runsAlone[word as keyof typeof runsAlone]() : full()
 }
