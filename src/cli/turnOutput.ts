@@ -1,18 +1,17 @@
 import * as Effect from "effect/Effect"
 import { escapeControl } from "../lib/text.js"
-import type { TurnEvent } from "../services/GuestRpc.js"
+import { agentTurnEvent, type TurnEvent } from "../services/GuestRpc.js"
 import { agentRenderer, isModelEvent } from "./agentOutput.js"
 
 /** the model agent's events of this process's turns (one terminal: one renderer) */
 export const agentOutput = agentRenderer(process.stderr.isTTY === true)
 
-/** the exact bytes of a stdout/stderr event (`bytes`, else its `base64` as relayed, else its text) */
+/** the exact bytes of a stdout/stderr event (`bytes`, else rebuilt from the event as relayed) */
 const outputBytes = (event: TurnEvent): Uint8Array | undefined => {
   if (event._tag !== "Event" || (event.event.kind !== "stdout" && event.event.kind !== "stderr"))
     return undefined
-  if (event.bytes !== undefined) return event.bytes
-  const e = event.event
-  return e.base64 !== undefined ? Buffer.from(e.base64, "base64") : Buffer.from(e.data, "utf8")
+  const rebuilt = agentTurnEvent(event.event)
+  return event.bytes ?? (rebuilt._tag === "Event" ? rebuilt.bytes : undefined)
 }
 
 /**
@@ -67,7 +66,8 @@ export const printEvent = (event: TurnEvent): Effect.Effect<void> =>
     return Effect.void
   })
 
-const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
+// ignoreBOM: a leading U+FEFF stays in the text, so the text re-encodes to the same bytes
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
 
 /**
  * A turn event as `--json` prints it: stdout/stderr carry `data` (text) when the chunk is valid

@@ -65,8 +65,9 @@ const split = (text: string): ReadonlyArray<string> => {
   return parts
 }
 
-const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
-const lossyUtf8 = new TextDecoder("utf-8")
+// ignoreBOM: a leading U+FEFF stays in the text, so the text re-encodes to the same bytes
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
+const lossyUtf8 = new TextDecoder("utf-8", { ignoreBOM: true })
 
 /** how many bytes at the end of `bytes` begin a UTF-8 sequence that is not complete yet (0–3) */
 export const incompleteUtf8Tail = (bytes: Uint8Array): number => {

@@ -36,6 +36,7 @@ import {
 } from "../protocol/Control.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import {
+  agentTurnEvent,
   type TurnEvent,
   ForwardRefused,
   GuestDisconnected,
@@ -402,7 +403,8 @@ export const remoteTurn = (
         Stream.mapEffect((reply): Effect.Effect<Option.Option<TurnEvent>, RemoteError> => {
           switch (reply.type) {
             case "event":
-              return Effect.succeed(Option.some({ _tag: "Event", event: reply.event }))
+              // the exact bytes rebuilt from the relayed event, as in-process
+              return Effect.succeed(Option.some(agentTurnEvent(reply.event)))
             case "turn_end":
               ended = true
               return Effect.succeed(

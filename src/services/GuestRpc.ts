@@ -90,6 +90,18 @@ export type TurnEvent =
     }
   | ({ readonly _tag: "End" } & TurnResult)
 
+/**
+ * An `agent_event` as a TurnEvent: stdout and stderr get their exact bytes back (`base64` when the
+ * event carries it, else `data` in UTF-8, which is exact then: docs/protocol.md). The one rebuild
+ * of a turn's bytes from an event on a wire (the guest's, or a supervisor's control socket).
+ */
+export const agentTurnEvent = (event: AgentEvent): TurnEvent => {
+  if (event.kind !== "stdout" && event.kind !== "stderr") return { _tag: "Event", event }
+  const bytes =
+    event.base64 !== undefined ? Buffer.from(event.base64, "base64") : Buffer.from(event.data, "utf8")
+  return { _tag: "Event", event, bytes: new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length) }
+}
+
 /** A tunnel the guest asked for (broker): the host accepts or denies, then bytes flow. */
 export interface TunnelRequest {
   readonly channel: number

@@ -25,6 +25,7 @@ import {
   type SuperviseSpec
 } from "../../programs/detached.js"
 import { open, resume, type Session } from "../../programs/session.js"
+import { agentTurnEvent } from "../../services/GuestRpc.js"
 import { supervise } from "../../programs/supervisor.js"
 import { parseLine } from "../interactive.js"
 import { CliExit, edge, printJson } from "../render.js"
@@ -419,8 +420,8 @@ export const execCommand = Command.make(
               switch (reply.type) {
                 case "event":
                   return args.json
-                    ? Console.log(JSON.stringify({ event: jsonEvent({ _tag: "Event", event: reply.event }) }))
-                    : printEvent({ _tag: "Event", event: reply.event })
+                    ? Console.log(JSON.stringify({ event: jsonEvent(agentTurnEvent(reply.event)) }))
+                    : printEvent(agentTurnEvent(reply.event))
                 case "turn_end":
                   end = reply
                   return args.json ? Console.log(JSON.stringify({ end: reply })) : Effect.void
@@ -551,7 +552,7 @@ export const attachCommand = Command.make(
                     process.stderr.write(`· turn ${reply.turn}: ${reply.text}\n`)
                   })
                 case "event":
-                  return printEvent({ _tag: "Event", event: reply.event })
+                  return printEvent(agentTurnEvent(reply.event))
                 case "turn_end": {
                   const code = exitStatus(reply)
                   const own = mine.delete(reply.turn)

@@ -14,8 +14,9 @@ import * as Queue from "effect/Queue"
 import type * as Scope from "effect/Scope"
 import { TransferFailed } from "../../domain/transfer.js"
 import { escapeControl } from "../../lib/text.js"
-import type { AgentEvent, ControlMessage, HelloMessage } from "../../protocol/Messages.js"
+import type { ControlMessage, HelloMessage } from "../../protocol/Messages.js"
 import {
+  agentTurnEvent,
   ForwardRefused,
   GuestDisconnected,
   type GuestRpcError,
@@ -73,15 +74,6 @@ export interface Dispatcher {
   readonly tunnels: Queue.Dequeue<TunnelRequest>
   /** a new turn's route (removed by the caller) */
   readonly openTurn: (id: number) => Effect.Effect<TurnRoute>
-}
-
-const utf8 = new TextEncoder()
-
-/** a guest's event for the turn's consumers: stdout/stderr with their exact bytes (old guests: UTF-8 of data) */
-const turnEvent = (event: AgentEvent): TurnEvent => {
-  if (event.kind !== "stdout" && event.kind !== "stderr") return { _tag: "Event", event }
-  const bytes = event.base64 !== undefined ? Buffer.from(event.base64, "base64") : utf8.encode(event.data)
-  return { _tag: "Event", event, bytes }
 }
 
 /** into a turn's events: at once while there is room, else wait (back pressure) */
@@ -173,7 +165,7 @@ export const start = (link: HostMux): Effect.Effect<Dispatcher, never, Scope.Sco
           const turn = turns.get(message.turn)
           return turn === undefined || turn.abandoned || turn.ended
             ? Effect.void
-            : deliver(turn, turnEvent(message.event))
+            : deliver(turn, agentTurnEvent(message.event))
         }
         case "turn_end": {
           const turn = turns.get(message.turn)

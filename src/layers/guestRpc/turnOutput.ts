@@ -9,8 +9,9 @@ import type { AgentEvent } from "../../protocol/Messages.js"
 import { OutputRecordError, type OutputRecord } from "../../protocol/TurnOutput.js"
 import { ProtocolError, type TurnEvent } from "../../services/GuestRpc.js"
 
-const strictUtf8 = new TextDecoder("utf-8", { fatal: true })
-const lossyUtf8 = new TextDecoder("utf-8")
+// ignoreBOM: a leading U+FEFF stays in the text, so the text re-encodes to the same bytes
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true })
+const lossyUtf8 = new TextDecoder("utf-8", { ignoreBOM: true })
 
 /** a record as the event an `agent_event` would have made of it: text, or base64 when not UTF-8 */
 export const recordEvent = (record: OutputRecord): TurnEvent => {
