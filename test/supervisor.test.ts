@@ -233,7 +233,7 @@ describe("detached supervisor (FakeVmm)", () => {
         )
 
         // bad input on the socket: a line that is not a request gets a typed error; a line past the
-        // bound ends that connection; the supervisor goes on serving
+        // bound ends that connection with one too; the supervisor goes on serving
         const raw = (payload: string | Buffer) =>
           Effect.async<string>((resume) => {
             const c = net.connect(socket)
@@ -247,7 +247,30 @@ describe("detached supervisor (FakeVmm)", () => {
           type: "error",
           error: { _tag: "ControlError", reason: "bad request" }
         })
-        expect(yield* raw(Buffer.alloc(3 * 1024 * 1024, 0x61))).toBe("")
+        expect(JSON.parse(yield* raw(Buffer.alloc(3 * 1024 * 1024, 0x61)))).toMatchObject({
+          type: "error",
+          error: { _tag: "ControlError", message: "control socket: a line longer than 2097152 bytes" }
+        })
+        // a flood of newlines after a turn request: the first empty line is refused with a typed
+        // error and the connection closed (not a loop over millions of empty lines); the turn goes on
+        const flooded = (yield* raw(
+          Buffer.concat([
+            Buffer.from('{"type":"turn","text":"sleep 1; echo flood-end"}\n'),
+            Buffer.alloc(8 << 20, 10)
+          ])
+        ))
+          .split("\n")
+          .filter((line) => line !== "")
+          .map((line) => JSON.parse(line) as ControlReply)
+        expect(flooded.at(-1)).toMatchObject({
+          type: "error",
+          error: {
+            _tag: "ControlError",
+            reason: "bad request",
+            message: expect.stringContaining("not a control request")
+          }
+        })
+        expect(flooded.some((r) => r.type === "turn_end")).toBe(false)
         expect((yield* status("sup")).sessionId).toBe(sessionId)
 
         // stop: the requester hears "stopping", then its connection ends only once Close is done

@@ -12,16 +12,32 @@ import { ControlError, MAX_CONTROL_LINE } from "../protocol/Control.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { listenUnixServer } from "./unixServer.js"
 
-/** A unix socket read as lines (each at most `max` bytes) until the caller takes it raw. */
+/**
+ * A unix socket read as lines (each at most `max` bytes) until the caller takes it raw. What it
+ * holds unread is bounded: past `max` bytes the socket is paused (the peer's writes wait in the
+ * kernel) until the reader has taken lines again, so a peer that floods lines faster than they
+ * are read, or while nobody reads, costs at most `max` plus one chunk. Chunks are kept as they
+ * came (a line is copied only when it spans chunks), not joined into one buffer per chunk.
+ */
 export class LineSocket {
-  private buffer: Buffer = Buffer.alloc(0)
+  /** the unread bytes, in order: `head` first, then `rest` */
+  private head: Buffer = Buffer.alloc(0)
+  private rest: Array<Buffer> = []
+  /** how many chunks of `rest` are known to hold no newline */
+  private scanned = 0
+  private buffered = 0
+  private paused = false
   private ended = false
   private failure: Error | undefined
   private waiter: (() => void) | undefined
   private readonly onData = (chunk: Buffer) => {
-    this.buffer = this.buffer.length === 0 ? chunk : Buffer.concat([this.buffer, chunk])
-    // a line longer than the bound: stop reading, the next `next()` fails
-    if (this.buffer.length > this.max && this.buffer.indexOf(10) < 0) this.socket.pause()
+    if (this.head.length === 0 && this.rest.length === 0) this.head = chunk
+    else this.rest.push(chunk)
+    this.buffered += chunk.length
+    if (this.buffered > this.max && !this.paused) {
+      this.paused = true
+      this.socket.pause()
+    }
     this.wake()
   }
   private readonly onEnd = () => {
@@ -53,13 +69,29 @@ export class LineSocket {
   /** the next line (without its newline), or undefined at the end of the stream */
   async next(): Promise<string | undefined> {
     for (;;) {
-      const newline = this.buffer.indexOf(10)
+      const newline = this.head.indexOf(10)
       if (newline >= 0) {
-        const line = this.buffer.subarray(0, newline).toString("utf8")
-        this.buffer = this.buffer.subarray(newline + 1)
+        const line = this.head.subarray(0, newline).toString("utf8")
+        this.head = this.head.subarray(newline + 1)
+        this.buffered -= newline + 1
+        if (this.head.length === 0 && this.rest.length > 0) {
+          this.head = this.rest.shift()!
+          this.scanned = 0
+        }
+        if (this.paused && this.buffered <= this.max && !this.socket.destroyed) {
+          this.paused = false
+          this.socket.resume()
+        }
         return line
       }
-      if (this.buffer.length > this.max) throw new Error(`a line longer than ${this.max} bytes`)
+      // the line goes on in later chunks: joined once, when its end is in
+      while (this.scanned < this.rest.length && this.rest[this.scanned]!.indexOf(10) < 0) this.scanned++
+      if (this.scanned < this.rest.length) {
+        this.head = Buffer.concat([this.head, ...this.rest.splice(0, this.scanned + 1)])
+        this.scanned = 0
+        continue
+      }
+      if (this.buffered > this.max) throw new Error(`a line longer than ${this.max} bytes`)
       if (this.ended) {
         if (this.failure !== undefined) throw this.failure
         return undefined
@@ -72,8 +104,11 @@ export class LineSocket {
   takeRaw(): Buffer {
     this.socket.off("data", this.onData)
     this.socket.pause()
-    const rest = this.buffer
-    this.buffer = Buffer.alloc(0)
+    const rest = Buffer.concat([this.head, ...this.rest])
+    this.head = Buffer.alloc(0)
+    this.rest = []
+    this.scanned = 0
+    this.buffered = 0
     return rest
   }
 

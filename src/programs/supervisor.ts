@@ -87,6 +87,33 @@ const WATCH_BUFFER = 4096
 
 /** where a turn sends its replies besides the watchers: the connection that asked, while it is there */
 type Send = (reply: ControlReply) => Effect.Effect<void, ControlError>
+
+/** a typed error to the client (its connection may already be gone) */
+const refuse = (send: Send, error: ControlError) =>
+  send({ type: "error", error: errorFields(error) }).pipe(
+    // a client that reads nothing does not hold the connection open
+    Effect.timeout(Duration.seconds(5)),
+    Effect.ignore
+  )
+
+/**
+ * What a client sends after its first request. A line that is not a request (an empty one
+ * included) or that is too long ends the stream with a typed error, which the client is told:
+ * the connection is then closed, so a flood of junk lines costs one line, not a loop over them.
+ */
+const requestsAfter = (lines: LineSocket, send: Send): Stream.Stream<ControlRequest, ControlError> =>
+  readLines(lines).pipe(
+    Stream.mapEffect((line) =>
+      Either.match(decodeRequest(line), {
+        onLeft: (error) =>
+          Effect.fail(
+            new ControlError({ reason: "bad request", message: `not a control request: ${error.message}` })
+          ),
+        onRight: (request) => Effect.succeed(request)
+      })
+    ),
+    Stream.tapError((error) => refuse(send, error))
+  )
 interface Delivery {
   current: Send | undefined
 }
@@ -259,26 +286,21 @@ const serve = Effect.fn("supervisor.serve")(function* (
         ),
         serveScope
       )
-      const input = readLines(lines).pipe(
-        Stream.runForEach((line) =>
-          Either.match(decodeRequest(line), {
-            onLeft: () => Effect.void,
-            onRight: (next) => {
-              switch (next.type) {
-                case "cancel":
-                  return Deferred.succeed(cancel, undefined)
-                case "input":
-                  return Queue.offer(controls, { _tag: "Input", bytes: Buffer.from(next.data, "base64") })
-                case "resize":
-                  return Queue.offer(controls, { _tag: "Resize", rows: next.rows, cols: next.cols })
-                case "signal":
-                  return Queue.offer(controls, { _tag: "Signal", signal: next.signal })
-                default:
-                  return Effect.void
-              }
-            }
-          })
-        ),
+      const input = requestsAfter(lines, send).pipe(
+        Stream.runForEach((next) => {
+          switch (next.type) {
+            case "cancel":
+              return Deferred.succeed(cancel, undefined)
+            case "input":
+              return Queue.offer(controls, { _tag: "Input", bytes: Buffer.from(next.data, "base64") })
+            case "resize":
+              return Queue.offer(controls, { _tag: "Resize", rows: next.rows, cols: next.cols })
+            case "signal":
+              return Queue.offer(controls, { _tag: "Signal", signal: next.signal })
+            default:
+              return Effect.void
+          }
+        }),
         Effect.ignore
       )
       // the client's end of the stream: it went away; the turn goes on (docs/detached.md)
@@ -315,13 +337,8 @@ const serve = Effect.fn("supervisor.serve")(function* (
         Stream.filter((item) => item.seq > seen),
         Stream.runForEach(deliver)
       )
-      const input = readLines(lines).pipe(
-        Stream.runForEach((line) =>
-          Either.match(decodeRequest(line), {
-            onLeft: () => Effect.void,
-            onRight: (request) => typed(client, isTypist, request, send)
-          })
-        )
+      const input = requestsAfter(lines, send).pipe(
+        Stream.runForEach((request) => typed(client, isTypist, request, send))
       )
       yield* Effect.raceFirst(watch, input).pipe(Effect.ignore)
     })
@@ -469,16 +486,17 @@ const serve = Effect.fn("supervisor.serve")(function* (
         )
       )
       const send = (reply: ControlReply) => writeLine(socket, encodeReply(reply))
-      const first = yield* readLine(lines)
+      const first = yield* readLine(lines).pipe(Effect.tapError((error) => refuse(send, error)))
       if (Option.isNone(first)) return
       const decoded = decodeRequest(first.value)
-      if (Either.isLeft(decoded)) {
-        const error = new ControlError({
-          reason: "bad request",
-          message: `not a control request: ${decoded.left.message}`
-        })
-        return yield* send({ type: "error", error: errorFields(error) })
-      }
+      if (Either.isLeft(decoded))
+        return yield* refuse(
+          send,
+          new ControlError({
+            reason: "bad request",
+            message: `not a control request: ${decoded.left.message}`
+          })
+        )
       const request = decoded.right
       switch (request.type) {
         case "status":
