@@ -245,10 +245,11 @@ export const buildRepoDisks = Effect.fn("repoDisk.build")(function* (
         ? ["-c", files.base, files.repo]
         : ["--reflink=auto", "--sparse=always", files.base, files.repo]
     )
-    yield* Effect.tryPromise({
-      try: () => fs.chmod(files.repo, 0o600),
-      catch: (cause) => diskError(files.repo, "chmod", String(cause))
-    })
   }
+  // qemu-img and cp create it under the umask (0644; cp: the baseline's 0400): the owner's alone
+  yield* Effect.tryPromise({
+    try: () => fs.chmod(files.repo, 0o600),
+    catch: (cause) => diskError(files.repo, "chmod", String(cause))
+  })
   return { repo: files.repo, repoFormat: format, base: files.base } satisfies RepoDisks
 })

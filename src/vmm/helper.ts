@@ -167,6 +167,9 @@ const main = async (): Promise<number> => {
   const stop = settable<string>()
   const spawnError = settable<string>()
 
+  // what the VMM creates (QEMU's qmp.sock, vfkit's REST socket) is the owner's alone (0600,
+  // docs/on-disk.md): they bind their sockets under the umask they inherit
+  process.umask(0o177)
   const child = spawn(spec.command, [...spec.args], {
     env: spec.env,
     // fd 3 is a fresh pipe so the VMM never holds our liveness fd; fd 4 is the lock
