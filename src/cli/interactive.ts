@@ -218,7 +218,8 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
                   patch === "" ? "(no changes)\n" : escapeControl(patch, { keepNewlines: true })
                 )
               ),
-            onFailure: (error) => Effect.sync(() => process.stderr.write(`abox: ${error.message}\n`))
+            onFailure: (error) =>
+              Effect.sync(() => process.stderr.write(`abox: ${escapeControl(error.message)}\n`))
           })
         )
         continue
@@ -281,7 +282,9 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
       }
       yield* writeJsonAtomic(transcriptFile, Transcript, transcript).pipe(
         Effect.catchAll((error) =>
-          Effect.sync(() => process.stderr.write(`abox: transcript not saved: ${error.message}\n`))
+          Effect.sync(() =>
+            process.stderr.write(`abox: transcript not saved: ${escapeControl(error.message)}\n`)
+          )
         )
       )
     }

@@ -10,6 +10,7 @@ import * as FiberRef from "effect/FiberRef"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { readEnv, skipScrub } from "../lib/env.js"
+import { escapeControl } from "../lib/text.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import { exitCodeFor, UNKNOWN_ERROR_EXIT } from "./exitCodes.js"
 
@@ -67,10 +68,13 @@ export const printJson = (value: unknown) => Console.log(JSON.stringify(value, n
 
 /**
  * one line on stderr, or the JSON error object on stdout, on one line (docs/cli-json.md): it may
- * follow a stream's JSON lines (`run --json`), so it is a JSON line too
+ * follow a stream's JSON lines (`run --json`), so it is a JSON line too. The line's names and
+ * paths (a session's source, a name, a guest's words) have their control characters escaped.
  */
 export const renderError = (error: Tagged, json: boolean) =>
-  json ? Console.log(JSON.stringify(errorJson(error))) : Console.error(`abox: ${errorMessage(error).split("\n").join(" ")}`)
+  json
+    ? Console.log(JSON.stringify(errorJson(error)))
+    : Console.error(`abox: ${escapeControl(errorMessage(error).split("\n").join(" "))}`)
 
 /** DESIGN: the scrubber runs on every start. Nothing secret is printed, only counts. */
 export const startupScrub = Effect.gen(function* () {

@@ -33,6 +33,7 @@ import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
 import { bootOptions } from "./session.js"
 import { sessionRef } from "./show.js"
+import { escapeControl } from "../../lib/text.js"
 
 /** `250ms`, `30s`, `5m`, `2h`, or a number of seconds */
 export const parseDuration = (text: string): Option.Option<Duration.Duration> => {
@@ -462,7 +463,10 @@ export const stopCommand = Command.make(
       Effect.gen(function* () {
         const result = yield* stop(args.ref, { timeout: Option.getOrUndefined(args.timeout) })
         if (args.json) yield* printJson(result)
-        else yield* Console.error(`abox: session ${args.ref} ${result.how} (supervisor pid ${result.pid})`)
+        else
+          yield* Console.error(
+            `abox: session ${escapeControl(args.ref)} ${result.how} (supervisor pid ${result.pid})`
+          )
       })
     )
 ).pipe(Command.withDescription("close a running session: its supervisor runs Close and exits"))
@@ -549,7 +553,7 @@ export const attachCommand = Command.make(
                 case "turn_started":
                   return Effect.sync(() => {
                     if (reply.mine === true) mine.add(reply.turn)
-                    process.stderr.write(`· turn ${reply.turn}: ${reply.text}\n`)
+                    process.stderr.write(`· turn ${reply.turn}: ${escapeControl(reply.text)}\n`)
                   })
                 case "event":
                   return printEvent(agentTurnEvent(reply.event))
@@ -570,7 +574,9 @@ export const attachCommand = Command.make(
                 }
                 case "error":
                   return Effect.zipRight(
-                    Effect.sync(() => process.stderr.write(`abox: ${remoteError(reply.error).message}\n`)),
+                    Effect.sync(() =>
+                      process.stderr.write(`abox: ${escapeControl(remoteError(reply.error).message)}\n`)
+                    ),
                     SubscriptionRef.update(outstanding, (n) => n - 1)
                   )
                 default:
@@ -622,7 +628,7 @@ export const forwardCommand = Command.make(
           {
             onListening: (port) =>
               Console.log(`forwarding 127.0.0.1:${port} -> guest 127.0.0.1:${args.guestPort} (Ctrl-C stops)`),
-            onRefused: (error) => Console.error(`abox: ${error.message}`)
+            onRefused: (error) => Console.error(`abox: ${escapeControl(error.message)}`)
           }
         )
       ).pipe(Effect.zipRight(Console.error("abox: the session closed")))

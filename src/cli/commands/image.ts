@@ -10,14 +10,18 @@ import type { RegisteredImage } from "../../domain/image.js"
 import { buildImage, type ImageBuildPhase, imageList, imageRemove } from "../../programs/image.js"
 import { stepDisplay } from "../progress.js"
 import { edge, notAnOption, printJson } from "../render.js"
+import { escapeControl } from "../../lib/text.js"
 
 const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
 
 const short = (digest: string) => digest.slice(0, 12)
 
+/** one image in a line, its control characters escaped (the registry's files are only as sound as the disk) */
 const row = (image: RegisteredImage) =>
-  `${image.meta.name}@${short(image.meta.digest)}${image.isDefault ? " (default)" : ""}  ${image.meta.variant} ${image.meta.arch}  ` +
-  `kernel ${image.meta.kernel}  node ${image.meta.node}  agent ${short(image.meta.agent)}  protocol ${image.meta.protocol}  ${image.meta.created}`
+  escapeControl(
+    `${image.meta.name}@${short(image.meta.digest)}${image.isDefault ? " (default)" : ""}  ${image.meta.variant} ${image.meta.arch}  ` +
+      `kernel ${image.meta.kernel}  node ${image.meta.node}  agent ${short(image.meta.agent)}  protocol ${image.meta.protocol}  ${image.meta.created}`
+  )
 
 const rowJson = (image: RegisteredImage) => ({ ...image.meta, dir: image.dir, default: image.isDefault })
 
@@ -59,7 +63,7 @@ const build = Command.make(
           onPhase
         })
         if (args.json) yield* printJson({ image: rowJson(image) })
-        else yield* Console.log(`registered ${row(image)}\n  ${image.dir}`)
+        else yield* Console.log(`registered ${row(image)}\n  ${escapeControl(image.dir)}`)
       }).pipe(Effect.scoped, Effect.provide(NodeCommandExecutor.layer))
     )
 ).pipe(
@@ -79,7 +83,7 @@ const list = Command.make("list", { json }, (args) =>
       yield* Console.log(
         images.length === 0 ? "no images (abox image build)" : images.map((image) => row(image)).join("\n")
       )
-      for (const problem of problems) yield* Console.error(`abox: skipped ${problem}`)
+      for (const problem of problems) yield* Console.error(`abox: skipped ${escapeControl(problem)}`)
     })
   )
 ).pipe(Command.withDescription("list registered golden images. Example: abox image list --json"))
@@ -100,7 +104,7 @@ const rm = Command.make(
         if (args.json) yield* printJson({ removed: [rowJson(image)] })
         else
           yield* Console.log(
-            `removed ${image.meta.name}@${short(image.meta.digest)} (sessions are untouched)`
+            `removed ${escapeControl(`${image.meta.name}@${short(image.meta.digest)}`)} (sessions are untouched)`
           )
       })
     )

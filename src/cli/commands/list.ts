@@ -10,6 +10,7 @@ import { listSessions, type ListedSession } from "../../programs/list.js"
 import type { StatusReply } from "../../protocol/Control.js"
 import type { NameBinding } from "../../services/SessionStore.js"
 import { edge, errorJson, printJson } from "../render.js"
+import { escapeControl } from "../../lib/text.js"
 
 export const json = Options.boolean("json").pipe(Options.withDescription("print JSON on stdout"))
 
@@ -53,8 +54,12 @@ const rowCells = (row: ListedSession): ReadonlyArray<string> => {
   ]
 }
 
-/** columns padded to their widest cell; the last column as it is */
-const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+/**
+ * columns padded to their widest cell; the last column as it is. Every cell has its control
+ * characters escaped (a source path or name with ESC or a newline is shown, not obeyed).
+ */
+const table = (cells: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const rows = cells.map((row) => row.map((cell) => escapeControl(cell)))
   const widths: Array<number> = []
   for (const row of rows) {
     row.forEach((cell, i) => {

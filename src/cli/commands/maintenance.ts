@@ -18,6 +18,7 @@ import { CliExit, edge, printJson } from "../render.js"
 import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { SESSION_FILES, type SessionLocation } from "../../domain/sessionLayout.js"
+import { escapeControl } from "../../lib/text.js"
 
 /** done when the session stops: session.json is rewritten at Close, then the lock is free */
 const untilStopped = (session: SessionLocation) =>
@@ -119,7 +120,7 @@ export const logs = Command.make(
         const file = sessionFiles(dir).consoleLog
         if (!args.follow) {
           if (!fs.existsSync(file))
-            return yield* Console.error(`abox: ${id} has no console log yet (never booted)`)
+            return yield* Console.error(`abox: ${escapeControl(id)} has no console log yet (never booted)`)
           const bytes = yield* Effect.try({
             try: () => fs.readFileSync(file),
             catch: (cause) =>

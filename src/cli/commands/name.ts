@@ -5,6 +5,7 @@ import * as Effect from "effect/Effect"
 import { SessionStore } from "../../services/SessionStore.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
+import { escapeControl } from "../../lib/text.js"
 
 export const name = Command.make(
   "name",
@@ -24,7 +25,7 @@ export const name = Command.make(
         const id = yield* store.resolve(args.ref)
         const binding = yield* store.bindName(args.name, id)
         if (args.json) yield* printJson({ name: binding })
-        else yield* Console.log(`${binding.name} → ${binding.sessionId}`)
+        else yield* Console.log(escapeControl(`${binding.name} → ${binding.sessionId}`))
       })
     )
 ).pipe(

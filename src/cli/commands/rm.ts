@@ -8,6 +8,7 @@ import { formatBytes } from "../../lib/diskUsage.js"
 import { remove, type Removal } from "../../programs/remove.js"
 import { Cancelled, ConfirmationRequired, edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
+import { escapeControl } from "../../lib/text.js"
 
 export const yes = Options.boolean("yes").pipe(Options.withAlias("y"), Options.withDescription("do not ask"))
 
@@ -27,8 +28,10 @@ export const confirm = (question: string, assumeYes: boolean) =>
     if (!answer) return yield* new Cancelled({ message: "nothing was removed" })
   })
 
-/** one line per removal: what is lost with it */
-export const describeRemoval = (removal: Removal): string => {
+/** one line per removal: what is lost with it (names and paths with their control characters escaped) */
+export const describeRemoval = (removal: Removal): string => escapeControl(removalText(removal))
+
+const removalText = (removal: Removal): string => {
   if (removal._tag === "Name") return `the name ${removal.name} (its session ${removal.sessionId} is gone)`
   const names = removal.names.length > 0 ? ` [${removal.names.join(", ")}]` : ""
   const meta = removal.meta
@@ -77,7 +80,7 @@ export const rm = Command.make(
         const removed = yield* remove(args.refs, (removals) => confirmRemovals(removals, args.yes))
         if (args.json) return yield* printJson({ removed: removed.map(removalJson) })
         for (const r of removed) {
-          yield* Console.log(r._tag === "Name" ? `removed name ${r.name}` : `removed ${r.id}`)
+          yield* Console.log(escapeControl(r._tag === "Name" ? `removed name ${r.name}` : `removed ${r.id}`))
         }
       })
     )

@@ -26,6 +26,7 @@ import { json } from "./list.js"
 import { sessionRef } from "./show.js"
 import { startSession } from "./detached.js"
 import { agentPreset } from "../../lib/agentPresets.js"
+import { escapeControl } from "../../lib/text.js"
 
 const name = Options.text("name").pipe(
   Options.optional,
@@ -185,7 +186,7 @@ export const run = Command.make(
             if (session === undefined) return Effect.void
             if (args.rm) {
               return remove([session.id]).pipe(
-                Effect.catchAll((error) => Console.error(`abox: --rm: ${error.message}`))
+                Effect.catchAll((error) => Console.error(`abox: --rm: ${escapeControl(error.message)}`))
               )
             }
             return args.json
@@ -233,7 +234,9 @@ export const openCommand = Command.make(
               Effect.gen(function* () {
                 const session = yield* openFromArgs(args, yield* stepDisplay(true), progressBar(true))
                 for (const skipped of session.skipped)
-                  yield* Console.error(`abox: skipped ${skipped} (not a file, directory or link)`)
+                  yield* Console.error(
+                    `abox: skipped ${escapeControl(skipped)} (not a file, directory or link)`
+                  )
                 // with --agent, a line is a turn for that command (as before); else a prompt
                 yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
               })

@@ -7,6 +7,7 @@ import { sessionStatus } from "../../programs/list.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
+import { escapeControl } from "../../lib/text.js"
 
 /** the broker policy in one line: what may be reached, and which hosts get a credential (by name, never a value) */
 const describePolicy = (policy: NonNullable<SessionMeta["policy"]>): string => {
@@ -58,7 +59,9 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
         ["broker", meta.policy ? describePolicy(meta.policy) : "(no policy recorded: deny all)"]
       ]
       yield* Console.log(
-        lines.flatMap(([k, v]) => (v === undefined ? [] : [`${(k + ":").padEnd(11)} ${v}`])).join("\n")
+        lines
+          .flatMap(([k, v]) => (v === undefined ? [] : [`${(k + ":").padEnd(11)} ${escapeControl(v)}`]))
+          .join("\n")
       )
     })
   )
