@@ -172,7 +172,7 @@ export const interactive = (session: Session, options: { readonly lines?: "promp
     const contextNote = session.hello.contextTurns
       ? `, ${session.hello.contextTurns} earlier turns remembered`
       : ""
-    process.stderr.write(`abox: session ${session.id} ready${contextNote}\n${HELP}\n`)
+    process.stderr.write(`abox: session ${escapeControl(session.id)} ready${contextNote}\n${HELP}\n`)
 
     // Ctrl-C at the prompt: the hint; while a turn runs, the turn's own listener cancels it
     let turnRunning = false

@@ -142,7 +142,7 @@ const oneTurn = (
 ) =>
   Effect.gen(function* () {
     if (asJson) yield* writeJsonLine({ session: session.id, dir: session.dir })
-    else yield* Console.error(`abox: session ${session.id}`)
+    else yield* Console.error(`abox: session ${escapeControl(session.id)}`)
     const end = yield* printTurn(session, turn.text, asJson, turn.mode)
     const code = turnExitCode(end)
     if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
@@ -192,7 +192,9 @@ export const run = Command.make(
             return args.json
               ? Effect.void
               : Console.error(
-                  `abox: session ${session.id} stays on disk: abox resume ${session.id} · abox rm ${session.id} (run --rm removes it after the turn)`
+                  escapeControl(
+                    `abox: session ${session.id} stays on disk: abox resume ${session.id} · abox rm ${session.id} (run --rm removes it after the turn)`
+                  )
                 )
           })
         )
