@@ -88,6 +88,9 @@ const WATCH_BUFFER = 4096
 /** where a turn sends its replies besides the watchers: the connection that asked, while it is there */
 type Send = (reply: ControlReply) => Effect.Effect<void, ControlError>
 
+/** a tty turn's controls (keys, sizes, signals) held while the turn has not taken them */
+const TTY_CONTROLS_QUEUED = 64
+
 /** a typed error to the client (its connection may already be gone) */
 const refuse = (send: Send, error: ControlError) =>
   send({ type: "error", error: errorFields(error) }).pipe(
@@ -274,8 +277,11 @@ const serve = Effect.fn("supervisor.serve")(function* (
     Effect.gen(function* () {
       const delivery: Delivery = { current: send }
       const cancel = yield* Deferred.make<void>()
-      // a tty turn's keys, sizes and signals: only from this connection, the one that started it
-      const controls = yield* Queue.unbounded<TtyControl>()
+      // a tty turn's keys, sizes and signals: only from this connection, the one that started it.
+      // Bounded: a client typing faster than the turn takes it waits (its lines stay unread, the
+      // socket paused); a turn without a terminal takes none, so they are not kept for it
+      const controls = yield* Queue.bounded<TtyControl>(TTY_CONTROLS_QUEUED)
+      const tty = request.tty !== undefined
       const fiber = yield* Effect.forkIn(
         runTurn(
           client,
@@ -292,11 +298,15 @@ const serve = Effect.fn("supervisor.serve")(function* (
             case "cancel":
               return Deferred.succeed(cancel, undefined)
             case "input":
-              return Queue.offer(controls, { _tag: "Input", bytes: Buffer.from(next.data, "base64") })
+              return tty
+                ? Queue.offer(controls, { _tag: "Input", bytes: Buffer.from(next.data, "base64") })
+                : Effect.void
             case "resize":
-              return Queue.offer(controls, { _tag: "Resize", rows: next.rows, cols: next.cols })
+              return tty
+                ? Queue.offer(controls, { _tag: "Resize", rows: next.rows, cols: next.cols })
+                : Effect.void
             case "signal":
-              return Queue.offer(controls, { _tag: "Signal", signal: next.signal })
+              return tty ? Queue.offer(controls, { _tag: "Signal", signal: next.signal }) : Effect.void
             default:
               return Effect.void
           }
