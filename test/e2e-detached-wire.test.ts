@@ -35,7 +35,8 @@ beforeAll(async () => {
 }, 600_000)
 afterAll(async () => {
   await sdk.dispose()
-  for (const pid of processesMentioning(home)) {
+  // the VM names the home in its argv, the supervisor only the source
+  for (const pid of [...processesMentioning(home), ...processesMentioning(source)]) {
     try {
       process.kill(pid, "SIGKILL")
     } catch {
