@@ -13,7 +13,7 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
-import { spawnSync } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
 import { makeHandlers } from "../src/guest/model/tools.js"
 import type { TurnUser } from "../src/guest/user.js"
 import { alive, processesMentioning } from "./support/processes.js"
@@ -168,3 +168,50 @@ describe("file tools on special files", () => {
     })
   )
 })
+
+describe.skipIf(!isRoot || os.arch() !== "x64" || spawnSync("perl", ["-e", "1"]).status !== 0)(
+  "list_files and search enter their directory as the owner",
+  () => {
+    it.live("a directory swapped for a symlink after the check leads only where the owner may go", () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        fs.mkdirSync(path.join(dir, "sub"))
+        fs.writeFileSync(path.join(dir, "sub", "mine.txt"), "mine\n")
+        spawnSync("chown", ["-R", "65534:65534", path.join(dir, "sub")])
+        // a directory the owner cannot reach (its parent is root's, 0700), holding a readable file
+        const hidden = fs.mkdtempSync(path.join(os.tmpdir(), "abox-owner-hidden-"))
+        fs.mkdirSync(path.join(hidden, "inner"), { mode: 0o755 })
+        fs.writeFileSync(path.join(hidden, "inner", "root-secret.txt"), "needle-of-root\n", { mode: 0o644 })
+        fs.symlinkSync(path.join(hidden, "inner"), path.join(dir, "alt"))
+        fs.lchownSync(path.join(dir, "alt"), 65534, 65534)
+        // the owner swaps sub and alt (renameat2 RENAME_EXCHANGE, syscall 316 on x86_64) in a loop
+        const racer = spawn(
+          "perl",
+          [
+            "-e",
+            'my ($a, $b) = ("sub", "alt"); my $end = time + 20; while (time < $end) { syscall(316, -100, $a, -100, $b, 2); }'
+          ],
+          { cwd: dir, uid: 65534, gid: 65534, stdio: "ignore" }
+        )
+        try {
+          const h = handlersFor(dir)
+          const seen: Array<string> = []
+          for (let i = 0; i < 150; i++) {
+            const listed = yield* h.list_files({ path: "sub" })
+            const searched = yield* h.search({ pattern: "needle-of", path: "sub" })
+            seen.push(listed.output, searched.output)
+          }
+          expect(
+            seen.filter((output) => output.includes("root-secret") || output.includes("needle-of-root"))
+          ).toEqual([])
+          // the swap did happen: some calls were refused by the check, some passed it
+          expect(seen.some((output) => output.startsWith("refused:"))).toBe(true)
+          expect(seen.some((output) => !output.startsWith("refused:"))).toBe(true)
+        } finally {
+          racer.kill("SIGKILL")
+          fs.rmSync(hidden, { recursive: true, force: true })
+        }
+      })
+    )
+  }
+)

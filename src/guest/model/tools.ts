@@ -380,6 +380,18 @@ export const makeHandlers = (tools: ToolEnvironment) => {
       )
     )
   const searchRoot = (requested: string | undefined) => resolveRepoPath(tools.repoDir, requested ?? ".")
+  /**
+   * `argv` in `dir` (checked inside the repository), the directory entered by the owner's own
+   * shell: the spawn enters its cwd before the uid changes, so a directory swapped for a symlink
+   * after the check would be entered with root's rights; from the repository, `cd` is the owner's
+   */
+  const inDirAsOwner = (dir: string, argv: ReadonlyArray<string>): ReadonlyArray<string> => [
+    "/bin/sh",
+    "-c",
+    'cd -- "$0" && exec "$@"',
+    path.relative(tools.repoDir, dir) || ".",
+    ...argv
+  ]
 
   return AgentToolkit.of({
     shell: ({ command, timeout_seconds }) =>
@@ -436,7 +448,7 @@ export const makeHandlers = (tools: ToolEnvironment) => {
       const argv = hasRipgrep(tools.env)
         ? ["rg", "--files", "--hidden", "--glob", "!.git", "."]
         : ["find", ".", "-path", "./.git", "-prune", "-o", "-type", "f", "-print"]
-      return processTool(argv, root.path, FILE_TOOL_TIMEOUT)
+      return processTool(inDirAsOwner(root.path, argv), tools.repoDir, FILE_TOOL_TIMEOUT)
     },
     search: ({ pattern, path: requested }) => {
       const root = searchRoot(requested)
@@ -445,7 +457,12 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         ? ["rg", "-n", "--no-heading", "--hidden", "--glob", "!.git", "-e", pattern, "."]
         : ["grep", "-rnE", "--exclude-dir=.git", "-e", pattern, "."]
       // exit 1 is "no match", not a failure
-      return processTool(argv, root.path, FILE_TOOL_TIMEOUT, (code) => code === 0 || code === 1)
+      return processTool(
+        inDirAsOwner(root.path, argv),
+        tools.repoDir,
+        FILE_TOOL_TIMEOUT,
+        (code) => code === 0 || code === 1
+      )
     }
   })
 }
