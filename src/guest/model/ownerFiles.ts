@@ -35,13 +35,27 @@ export const fileOpChild = (fs: typeof NodeFs, path: typeof NodePath, input: str
             : stat.isDirectory()
               ? "a directory"
               : "not a regular file"
+  const refuse = (special: string) =>
+    new Error(`${request.path} is ${special}; only regular files are read or written`)
   const regular = (fd: number) => {
     const special = kind(fs.fstatSync(fd))
-    if (special !== undefined)
-      throw new Error(`${request.path} is ${special}; only regular files are read or written`)
+    if (special !== undefined) throw refuse(special)
+  }
+  // said before the open too: a FIFO without a reader or a socket would only fail it with ENXIO
+  // (the descriptor's check after the open is what holds when the path changes meanwhile)
+  const before = (follow: boolean) => {
+    let stat: NodeFs.Stats | undefined
+    try {
+      stat = follow ? fs.statSync(request.path) : fs.lstatSync(request.path)
+    } catch {
+      return // missing (a write creates it) or unreadable: the open says why
+    }
+    const special = stat.isSymbolicLink() ? undefined : kind(stat)
+    if (special !== undefined) throw refuse(special)
   }
   try {
     if (request.op === "read") {
+      before(request.follow)
       const fd = fs.openSync(request.path, O_RDONLY | O_NONBLOCK | (request.follow ? 0 : O_NOFOLLOW))
       try {
         regular(fd)
@@ -59,6 +73,7 @@ export const fileOpChild = (fs: typeof NodeFs, path: typeof NodePath, input: str
       }
     }
     if (request.parents) fs.mkdirSync(path.dirname(request.path), { recursive: true })
+    before(true)
     const fd = fs.openSync(request.path, O_WRONLY | O_CREAT | O_NONBLOCK, 0o666)
     try {
       regular(fd)
