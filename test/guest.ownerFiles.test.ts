@@ -6,7 +6,7 @@
  * ended by a cancel, its child killed, and the next tool call runs; the child runs as the owner
  * and without the turn's environment (NODE_OPTIONS).
  */
-import { describe, expect, it } from "@effect/vitest"
+import { afterEach, describe, expect, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
 import * as fs from "node:fs"
@@ -21,8 +21,15 @@ import { alive, processesMentioning } from "./support/processes.js"
 const isRoot = process.getuid?.() === 0
 const owner: TurnUser | undefined = isRoot ? { name: "nobody", uid: 65534, gid: 65534, home: "/" } : undefined
 
+/** the test's temporary directories, removed after it (rm(1) does not follow links) */
+const made: Array<string> = []
+afterEach(() => {
+  for (const dir of made.splice(0)) spawnSync("rm", ["-rf", dir])
+})
+
 const repo = () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-owner-files-"))
+  made.push(dir)
   fs.writeFileSync(path.join(dir, "a.txt"), "one\ntwo\n")
   if (owner !== undefined) {
     fs.chmodSync(dir, 0o755)
