@@ -12,16 +12,23 @@
  * - input: 0xFF is doubled, `\r` is sent as `\r\0`; a resize is NAWS
  *   (`IAC SB 31 w_hi w_lo h_hi h_lo IAC SE`, 0xFF doubled there too);
  * - telnetd always exits 0: the wrapper writes the command's status and its own pid (`$$`, the
- *   new session's process group) into a per-turn directory owned by the turn user;
+ *   new session's process group) into two files the turn user owns, in a per-turn directory the
+ *   agent owns (0711: the user can neither add, rename nor remove an entry of it, so the agent's
+ *   reads and its final `rm` touch only what it made itself); the agent reads those files with
+ *   O_NOFOLLOW | O_NONBLOCK, a regular file only, a few bytes;
+ * - the pid in that file is the user's word: the agent signals it as the user (`busybox kill`
+ *   with the user's uid), so a pid naming a root process reaches nothing;
  * - telnetd's stdin stays open for the whole turn (closing it ends the command);
  * - cancel and forwarded signals go to telnetd's process group and to the wrapper's.
  */
 import { spawn, type ChildProcess } from "node:child_process"
+import { constants as fsConstants } from "node:fs"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import type { TurnSignalName } from "../protocol/Messages.js"
 import { OutputChunker, turnEnv, type EventSink, type TurnEnvironment, type TurnOutcome } from "./turns.js"
+import type { TurnUser } from "./user.js"
 
 const IAC = 0xff
 const SB = 0xfa
@@ -136,20 +143,30 @@ export const wrapperScript = (dir: string, text: string, rows: number, cols: num
     // the working directory is telnetd's (the repository, entered before the uid changes, as for
     // other turns)
     `/bin/sh -c ${shellQuote(text)}`,
-    `echo $? > ${shellQuote(path.join(dir, "status.tmp"))} && mv ${shellQuote(path.join(dir, "status.tmp"))} ${shellQuote(path.join(dir, "status"))}`,
+    // the file exists (the agent made it, the user's): one small write
+    `echo $? > ${shellQuote(path.join(dir, "status"))}`,
     ""
   ].join("\n")
 
+/** a number the turn user wrote: a regular file only (never a FIFO's wait), a few bytes of it */
 const readInt = async (file: string): Promise<number | undefined> => {
+  let handle: fs.FileHandle | undefined
   try {
-    const text = (await fs.readFile(file, "utf8")).trim()
+    handle = await fs.open(file, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW | fsConstants.O_NONBLOCK)
+    if (!(await handle.stat()).isFile()) return undefined
+    const buffer = Buffer.alloc(16)
+    const { bytesRead } = await handle.read(buffer, 0, buffer.length, 0)
+    const text = buffer.subarray(0, bytesRead).toString("utf8").trim()
     if (!/^\d{1,10}$/.test(text)) return undefined
     return Number(text)
   } catch {
     return undefined
+  } finally {
+    await handle?.close()
   }
 }
 
+/** a process group the agent started itself (telnetd's): signalled as root */
 const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
   if (pid === undefined || pid <= 1) return
   try {
@@ -174,6 +191,19 @@ export interface TtyTurnOptions {
   readonly term?: string | undefined
 }
 
+/** `busybox kill -SIG -pgid` as `user`; resolves when it has run (a failure is the group gone) */
+const signalGroupAs = (busybox: string, user: TurnUser, pid: number, signal: NodeJS.Signals): Promise<void> =>
+  new Promise<void>((resolve) => {
+    const child = spawn(busybox, ["kill", `-${signal.replace(/^SIG/, "")}`, `-${pid}`], {
+      env: {},
+      stdio: "ignore",
+      uid: user.uid,
+      gid: user.gid
+    })
+    child.once("error", () => resolve())
+    child.once("exit", () => resolve())
+  })
+
 export class TtyTurnRunner {
   private running: Running | undefined
 
@@ -186,19 +216,42 @@ export class TtyTurnRunner {
     return this.running?.turn
   }
 
+  /**
+   * A process group the turn user named (the wrapper's pid file): signalled with the user's
+   * own rights, so a number naming a root process group reaches nothing; resolves when sent.
+   */
+  private signalAsUser(pid: number | undefined, signal: NodeJS.Signals): Promise<void> {
+    const user = this.env.user
+    if (pid === undefined || pid <= 1) return Promise.resolve()
+    if (user === undefined) {
+      killGroup(pid, signal)
+      return Promise.resolve()
+    }
+    return signalGroupAs(this.busybox, user, pid, signal)
+  }
+
   /** Runs one tty turn to its end; rejects only when it cannot start (no busybox, no temp dir). */
   async run(turn: number, text: string, options: TtyTurnOptions, sink: EventSink): Promise<TurnOutcome> {
     if (this.running !== undefined) throw new Error(`turn ${this.running.turn} is still running`)
     const user = this.env.user
+    // the agent's own directory: the user enters it and writes the two files made for it there
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "abox-tty-"))
     try {
-      const wrapper = path.join(dir, "wrapper")
-      await fs.writeFile(wrapper, wrapperScript(dir, text, options.rows, options.cols), {
+      await fs.chmod(dir, 0o711)
+      await fs.writeFile(path.join(dir, "wrapper"), wrapperScript(dir, text, options.rows, options.cols), {
         mode: 0o755
       })
-      if (user !== undefined) {
-        await fs.chown(dir, user.uid, user.gid)
-        await fs.chown(wrapper, user.uid, user.gid)
+      for (const name of ["pid", "status"]) {
+        const handle = await fs.open(
+          path.join(dir, name),
+          fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW,
+          0o600
+        )
+        try {
+          if (user !== undefined) await handle.chown(user.uid, user.gid)
+        } finally {
+          await handle.close()
+        }
       }
     } catch (error) {
       await fs.rm(dir, { recursive: true, force: true })
@@ -237,8 +290,7 @@ export class TtyTurnRunner {
     await Promise.race([pumped.catch(() => undefined), new Promise((done) => setTimeout(done, 1000).unref())])
     child.stdout?.destroy()
     child.stdin?.destroy()
-    const pid = await readInt(path.join(dir, "pid"))
-    killGroup(pid, "SIGKILL")
+    await this.signalAsUser(await readInt(path.join(dir, "pid")), "SIGKILL")
     const status = await readInt(path.join(dir, "status"))
     if (running.killTimer !== undefined) clearTimeout(running.killTimer)
     if (this.running === running) this.running = undefined
@@ -271,7 +323,7 @@ export class TtyTurnRunner {
   async signal(turn: number, signal: TtySignal): Promise<boolean> {
     const running = this.target(turn)
     if (running === undefined) return false
-    killGroup(await readInt(path.join(running.dir, "pid")), signal)
+    await this.signalAsUser(await readInt(path.join(running.dir, "pid")), signal)
     if (signal === "SIGKILL") killGroup(running.child.pid, signal)
     return true
   }
@@ -283,9 +335,11 @@ export class TtyTurnRunner {
     running.cancelled = true
     // SIGTERM to the command's session (the wrapper records 143; telnetd then ends on its own),
     // or to telnetd's group while the wrapper has not started; SIGKILL to both after the bound
-    void readInt(path.join(running.dir, "pid")).then((pid) => killGroup(pid ?? running.child.pid, "SIGTERM"))
+    void readInt(path.join(running.dir, "pid")).then((pid) =>
+      pid === undefined ? killGroup(running.child.pid, "SIGTERM") : this.signalAsUser(pid, "SIGTERM")
+    )
     running.killTimer = setTimeout(() => {
-      void readInt(path.join(running.dir, "pid")).then((pid) => killGroup(pid, "SIGKILL"))
+      void readInt(path.join(running.dir, "pid")).then((pid) => this.signalAsUser(pid, "SIGKILL"))
       killGroup(running.child.pid, "SIGKILL")
     }, this.env.killAfterMs ?? 2000)
     running.killTimer.unref()

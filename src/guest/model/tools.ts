@@ -6,8 +6,9 @@
  * - `shell`: `/bin/sh -c <command>` (git is used through it). Not named `bash`: @effect/ai-anthropic
  *   takes a tool of that name for Anthropic's provider-defined bash tool.
  * - `read_file` (a range of lines), `write_file`, `edit_file` (an exact replacement that must match
- *   once): file operations done with the agent's effective uid/gid switched to the owner's for
- *   the duration of one synchronous call, so the kernel checks them as the owner's own.
+ *   once): each open, read and write is done by a child process running as the owner
+ *   (./ownerFiles.ts), so the kernel checks it as the owner's own; a special file (FIFO, device,
+ *   socket) is refused, and a slow one blocks only that child, which the timeout or a cancel kills.
  * - `list_files`, `search`: ripgrep when the image has it, else find / grep.
  *
  * Paths are taken relative to the repository (or as /work/repo/…); anything that resolves
@@ -25,7 +26,7 @@ import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { GUEST_REPO_PATH } from "../agent.js"
 import type { TurnUser } from "../user.js"
-import { errorMessage } from "../../domain/errorMessage.js"
+import { killAllFileOps, runFileOp, type FileOpError } from "./ownerFiles.js"
 
 /** characters of tool output the model sees at most (half head, half tail) */
 export const DEFAULT_OUTPUT_CAP = 30_000
@@ -33,6 +34,8 @@ export const DEFAULT_SHELL_TIMEOUT_S = 120
 export const MAX_SHELL_TIMEOUT_S = 1800
 const FILE_TOOL_TIMEOUT = Duration.seconds(30)
 const READ_FILE_MAX_BYTES = 4 * 1024 * 1024
+/** the largest file edit_file reads (it must hold the whole text) */
+const EDIT_FILE_MAX_BYTES = 16 * 1024 * 1024
 const DEFAULT_READ_LINES = 2000
 
 /** what every tool returns to the model */
@@ -163,6 +166,7 @@ const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
 const liveGroups = new Set<number>()
 export const killAllTools = (): void => {
   for (const pid of liveGroups) killGroup(pid, "SIGKILL")
+  killAllFileOps()
 }
 
 export interface ProcessResult {
@@ -292,40 +296,24 @@ export const resolveRepoPath = (
   }
 }
 
-/**
- * One synchronous file operation with the effective uid/gid (and groups) of the owner, so the
- * kernel checks it as theirs; back to root before anything else runs. No-op when not root.
- */
-export const asOwner = <A>(
-  user: TurnUser | undefined,
-  repoDir: string,
-  absolute: string,
-  operation: (file: string) => A
-): A => {
-  if (user === undefined || typeof process.seteuid !== "function") return operation(absolute)
-  // the path is taken from the repository down (as the owner's own processes, whose working
-  // directory is the repository, see it): the directories above it are not the owner's business
-  const cwd = process.cwd()
-  process.chdir(repoDir)
-  const groups = process.getgroups!()
-  process.setgroups!([user.gid])
-  process.setegid!(user.gid)
-  process.seteuid(user.uid)
-  try {
-    return operation(path.relative(repoDir, absolute) || ".")
-  } finally {
-    process.seteuid(0)
-    process.setegid!(0)
-    process.setgroups!(groups)
-    process.chdir(cwd)
-  }
-}
-
 const hasRipgrep = (env: Readonly<Record<string, string>>): boolean =>
   (env["PATH"] ?? "").split(":").some((dir) => dir !== "" && fs.existsSync(path.join(dir, "rg")))
 
+/** one repository file's operations, each done by a child running as the owner */
+interface OwnerFiles {
+  /** at most `max + 1` bytes (more than `max`: the file is longer); `follow`: a final symlink is followed */
+  readonly read: (max: number, follow: boolean) => Effect.Effect<Buffer, FileOpError>
+  /** create or truncate, then write; `parents`: missing parent directories are created */
+  readonly write: (content: string, parents: boolean) => Effect.Effect<void, FileOpError>
+}
+
 /** the toolkit's handlers over one environment; every result carries its time */
 export const makeHandlers = (tools: ToolEnvironment) => {
+  const ownerFiles = (file: string): OwnerFiles => ({
+    read: (max, follow) => runFileOp(tools.user, tools.repoDir, { op: "read", path: file, max, follow }),
+    write: (content, parents) =>
+      Effect.asVoid(runFileOp(tools.user, tools.repoDir, { op: "write", path: file, content, parents }))
+  })
   const cap = tools.outputCap ?? DEFAULT_OUTPUT_CAP
   const timed = (effect: Effect.Effect<Omit<ToolOutput, "durationMs">>): Effect.Effect<ToolOutput> =>
     Effect.gen(function* () {
@@ -336,19 +324,28 @@ export const makeHandlers = (tools: ToolEnvironment) => {
     })
   const fail = (output: string) => ({ output, exitCode: null, truncated: false, isError: true })
   const ok = (output: string) => ({ ...capText(output, cap), exitCode: null, isError: false })
+  /** an operation on a repository path, its file operations done by the owner's child */
   const inRepo = (
     requested: string,
-    operation: (absolute: string) => Omit<ToolOutput, "durationMs">
+    operation: (owner: OwnerFiles) => Effect.Effect<Omit<ToolOutput, "durationMs">, FileOpError>
   ): Effect.Effect<ToolOutput> =>
     timed(
-      Effect.sync(() => {
+      Effect.suspend(() => {
         const resolved = resolveRepoPath(tools.repoDir, requested)
-        if (!resolved.ok) return fail(`refused: ${resolved.reason}`)
-        try {
-          return asOwner(tools.user, tools.repoDir, resolved.path, operation)
-        } catch (error) {
-          return fail(errorMessage(error))
-        }
+        if (!resolved.ok) return Effect.succeed(fail(`refused: ${resolved.reason}`))
+        // relative to the repository, the child's working directory
+        const file = path.relative(tools.repoDir, resolved.path) || "."
+        return operation(ownerFiles(file)).pipe(
+          Effect.timeoutOption(FILE_TOOL_TIMEOUT),
+          Effect.map(
+            Option.getOrElse(() =>
+              fail(
+                `timed out after ${Duration.format(Duration.decode(FILE_TOOL_TIMEOUT))}; the file operation was killed`
+              )
+            )
+          ),
+          Effect.catchTag("FileOpError", (error) => Effect.succeed(fail(error.message)))
+        )
       })
     )
   const processTool = (
@@ -383,6 +380,18 @@ export const makeHandlers = (tools: ToolEnvironment) => {
       )
     )
   const searchRoot = (requested: string | undefined) => resolveRepoPath(tools.repoDir, requested ?? ".")
+  /**
+   * `argv` in `dir` (checked inside the repository), the directory entered by the owner's own
+   * shell: the spawn enters its cwd before the uid changes, so a directory swapped for a symlink
+   * after the check would be entered with root's rights; from the repository, `cd` is the owner's
+   */
+  const inDirAsOwner = (dir: string, argv: ReadonlyArray<string>): ReadonlyArray<string> => [
+    "/bin/sh",
+    "-c",
+    'cd -- "$0" && exec "$@"',
+    path.relative(tools.repoDir, dir) || ".",
+    ...argv
+  ]
 
   return AgentToolkit.of({
     shell: ({ command, timeout_seconds }) =>
@@ -394,12 +403,10 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         )
       ),
     read_file: ({ path: requested, offset, limit }) =>
-      inRepo(requested, (file) => {
-        const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW)
-        try {
-          const buffer = Buffer.alloc(READ_FILE_MAX_BYTES + 1)
-          const read = fs.readSync(fd, buffer, 0, buffer.length, 0)
-          const text = buffer.subarray(0, Math.min(read, READ_FILE_MAX_BYTES)).toString("utf8")
+      inRepo(requested, (owner) =>
+        Effect.map(owner.read(READ_FILE_MAX_BYTES, false), (bytes) => {
+          const read = bytes.length
+          const text = bytes.subarray(0, Math.min(read, READ_FILE_MAX_BYTES)).toString("utf8")
           const lines = text.split("\n")
           const first = Math.max(1, Math.floor(offset ?? 1))
           const count = Math.max(1, Math.floor(limit ?? DEFAULT_READ_LINES))
@@ -411,35 +418,37 @@ export const makeHandlers = (tools: ToolEnvironment) => {
               ? `\n[file larger than ${READ_FILE_MAX_BYTES} bytes; the rest was not read]`
               : "")
           return ok(slice.join("\n") + note)
-        } finally {
-          fs.closeSync(fd)
-        }
-      }),
+        })
+      ),
     write_file: ({ path: requested, content }) =>
-      inRepo(requested, (file) => {
-        fs.mkdirSync(path.dirname(file), { recursive: true })
-        fs.writeFileSync(file, content, { flag: "w" })
-        return ok(`wrote ${Buffer.byteLength(content)} bytes to ${requested}`)
-      }),
+      inRepo(requested, (owner) =>
+        Effect.as(owner.write(content, true), ok(`wrote ${Buffer.byteLength(content)} bytes to ${requested}`))
+      ),
     edit_file: ({ path: requested, old_string, new_string }) =>
-      inRepo(requested, (file) => {
-        if (old_string === "") return fail("old_string is empty; use write_file to create a file")
-        const text = fs.readFileSync(file, "utf8")
-        const first = text.indexOf(old_string)
-        if (first < 0) return fail(`old_string was not found in ${requested}`)
-        if (text.indexOf(old_string, first + 1) >= 0) {
-          return fail(`old_string occurs more than once in ${requested}; include more context`)
-        }
-        fs.writeFileSync(file, text.slice(0, first) + new_string + text.slice(first + old_string.length))
-        return ok(`edited ${requested}`)
-      }),
+      inRepo(requested, (owner) =>
+        Effect.gen(function* () {
+          if (old_string === "") return fail("old_string is empty; use write_file to create a file")
+          const bytes = yield* owner.read(EDIT_FILE_MAX_BYTES, true)
+          if (bytes.length > EDIT_FILE_MAX_BYTES) {
+            return fail(`${requested} is larger than ${EDIT_FILE_MAX_BYTES} bytes; edit it with the shell`)
+          }
+          const text = bytes.toString("utf8")
+          const first = text.indexOf(old_string)
+          if (first < 0) return fail(`old_string was not found in ${requested}`)
+          if (text.indexOf(old_string, first + 1) >= 0) {
+            return fail(`old_string occurs more than once in ${requested}; include more context`)
+          }
+          yield* owner.write(text.slice(0, first) + new_string + text.slice(first + old_string.length), false)
+          return ok(`edited ${requested}`)
+        })
+      ),
     list_files: ({ path: requested }) => {
       const root = searchRoot(requested)
       if (!root.ok) return timed(Effect.succeed(fail(`refused: ${root.reason}`)))
       const argv = hasRipgrep(tools.env)
         ? ["rg", "--files", "--hidden", "--glob", "!.git", "."]
         : ["find", ".", "-path", "./.git", "-prune", "-o", "-type", "f", "-print"]
-      return processTool(argv, root.path, FILE_TOOL_TIMEOUT)
+      return processTool(inDirAsOwner(root.path, argv), tools.repoDir, FILE_TOOL_TIMEOUT)
     },
     search: ({ pattern, path: requested }) => {
       const root = searchRoot(requested)
@@ -448,7 +457,12 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         ? ["rg", "-n", "--no-heading", "--hidden", "--glob", "!.git", "-e", pattern, "."]
         : ["grep", "-rnE", "--exclude-dir=.git", "-e", pattern, "."]
       // exit 1 is "no match", not a failure
-      return processTool(argv, root.path, FILE_TOOL_TIMEOUT, (code) => code === 0 || code === 1)
+      return processTool(
+        inDirAsOwner(root.path, argv),
+        tools.repoDir,
+        FILE_TOOL_TIMEOUT,
+        (code) => code === 0 || code === 1
+      )
     }
   })
 }
