@@ -8,7 +8,9 @@
  * an attacker's (src/lib/hostExtract.ts).
  */
 import { spawn } from "node:child_process"
+import { constants as fsConstants } from "node:fs"
 import * as fs from "node:fs/promises"
+import type { FileHandle } from "node:fs/promises"
 import { safeComponents } from "./extract.js"
 
 export interface ExportSink {
@@ -30,36 +32,75 @@ interface EntryStat {
   readonly target?: string
 }
 
-/** every non-directory entry under `dir` (less top-level `exclude`), by relative path */
+const PROC_FD = "/proc/self/fd"
+const DIRECTORY_FLAGS = fsConstants.O_RDONLY | fsConstants.O_DIRECTORY | fsConstants.O_NOFOLLOW
+
+/**
+ * Every non-directory entry under `dir` (less top-level `exclude`), by relative path. The agent
+ * walks as root a tree the turn user writes, so no directory is read by its path: each is
+ * opened here (O_DIRECTORY|O_NOFOLLOW), checked to be the inode its parent listed, and read
+ * and stat'ed through its descriptor (/proc/self/fd/N), so that a directory swapped for a
+ * link during the walk leads nowhere. Without /proc (FakeVmm on macOS) the paths are used.
+ */
 const walkEntries = async (dir: string, exclude: ReadonlyArray<string>): Promise<Map<string, EntryStat>> => {
   const out = new Map<string, EntryStat>()
-  const pending = [""]
+  const byDescriptor = await fs.access(PROC_FD).then(
+    () => true,
+    () => false
+  )
+  const root = await fs.lstat(dir, { bigint: true }).catch(() => undefined)
+  if (root === undefined || !root.isDirectory()) return out
+  const pending: Array<{ readonly rel: string; readonly path: string; readonly dev: bigint; readonly ino: bigint }> =
+    [{ rel: "", path: dir, dev: root.dev, ino: root.ino }]
   while (pending.length > 0) {
-    const rel = pending.pop()!
-    let names: Array<string>
-    try {
-      names = await fs.readdir(rel === "" ? dir : `${dir}/${rel}`)
-    } catch {
-      continue
-    }
-    for (const name of names) {
-      if (rel === "" && exclude.includes(name)) continue
-      const relPath = rel === "" ? name : `${rel}/${name}`
-      const full = `${dir}/${relPath}`
-      const stat = await fs.lstat(full, { bigint: true })
-      if (stat.isDirectory()) {
-        pending.push(relPath)
+    const { rel, path, dev, ino } = pending.pop()!
+    let handle: FileHandle | undefined
+    let at = path
+    if (byDescriptor) {
+      try {
+        handle = await fs.open(path, DIRECTORY_FLAGS)
+        const opened = await handle.stat({ bigint: true })
+        // not the directory its parent listed: it was replaced meanwhile
+        if (opened.dev !== dev || opened.ino !== ino) {
+          await handle.close()
+          continue
+        }
+      } catch {
+        await handle?.close()
         continue
       }
-      const kind = stat.isFile() ? "file" : stat.isSymbolicLink() ? "link" : "other"
-      out.set(relPath, {
-        kind,
-        mode: stat.mode,
-        size: stat.size,
-        mtimeNs: stat.mtimeNs,
-        ctimeNs: stat.ctimeNs,
-        ...(kind === "link" ? { target: await fs.readlink(full) } : {})
-      })
+      at = `${PROC_FD}/${handle.fd}`
+    }
+    try {
+      let names: Array<string>
+      try {
+        names = await fs.readdir(at)
+      } catch {
+        continue
+      }
+      for (const name of names) {
+        if (rel === "" && exclude.includes(name)) continue
+        const relPath = rel === "" ? name : `${rel}/${name}`
+        const full = `${at}/${name}`
+        const stat = await fs.lstat(full, { bigint: true }).catch(() => undefined)
+        if (stat === undefined) continue
+        if (stat.isDirectory()) {
+          pending.push({ rel: relPath, path: `${path}/${name}`, dev: stat.dev, ino: stat.ino })
+          continue
+        }
+        const kind = stat.isFile() ? "file" : stat.isSymbolicLink() ? "link" : "other"
+        const target = kind === "link" ? await fs.readlink(full).catch(() => "") : undefined
+        out.set(relPath, {
+          kind,
+          mode: stat.mode,
+          size: stat.size,
+          mtimeNs: stat.mtimeNs,
+          ctimeNs: stat.ctimeNs,
+          ...(target === undefined ? {} : { target })
+        })
+      }
+    } finally {
+      await handle?.close()
     }
   }
   return out
