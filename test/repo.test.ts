@@ -23,6 +23,7 @@ import { open, type TransferProgress } from "../src/programs/session.js"
 import { progressLine } from "../src/cli/progress.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { AGENT_TURN, applyToCopy, manifest, sourceRepo, withoutEmptyDirs } from "./support/trees.js"
+import { exportMatrix, matrixSource, sparseMatrix } from "./support/exportMatrix.js"
 
 const layerFor = (home: string) =>
   Layer.mergeAll(
@@ -141,6 +142,21 @@ describe("diff / apply / cp (FakeVmm)", () => {
         )
         expect(owner).toContain("written from the host")
         expect(owner).toContain("logo.bin")
+      }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+  it.live(
+    "the work-out matrix: nothing, added only (ignored, a newline in a name), deleted only, renamed, mode only, a guest's .git, links out of the copied subtree, a 100 GB sparse file",
+    () => {
+      const home = tempDir("abox-home-")
+      const source = matrixSource()
+      return Effect.gen(function* () {
+        const session = yield* open({ source })
+        const run = (command: string) =>
+          Stream.runCollect(session.turn(command)).pipe(Effect.map((events) => stdoutOf(Array.from(events))))
+        yield* exportMatrix(session.connection, source, run, false)
+        yield* sparseMatrix(session.connection, run, false)
       }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
     },
     120_000

@@ -36,6 +36,7 @@ import { open, resume } from "../src/programs/session.js"
 import { supervise } from "../src/programs/supervisor.js"
 import { controlSocketPath } from "../src/lib/socketPath.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
+import { processesMentioning } from "./support/processes.js"
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
@@ -549,6 +550,41 @@ describe("detached supervisor (FakeVmm)", () => {
               else stubborn.once("exit", (_code, signal) => resume(Effect.succeed(signal)))
             }))
         ).toBe("SIGKILL")
+      }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
+    "a cp whose client goes away mid-copy is stopped there: the guest's tar ends and nothing stays at the destination",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const ready = yield* Deferred.make<{ sessionId: string; socket: string }>()
+        yield* supervise(open({ source: source(), name: "gone" }), {
+          onReady: (info) => Deferred.succeed(ready, info)
+        }).pipe(Effect.fork)
+        yield* Deferred.await(ready)
+        // under cp's 8 GiB bound, sparse in the guest, so the copy would write all of it
+        const name = `slow-${process.pid}-${Date.now()}.bin`
+        expect(endOf(yield* exec("gone", { text: `truncate -s 7G ${name}` }))).toMatchObject({ exitCode: 0 })
+        const out = tempDir("abox-cp-gone-")
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const connection = yield* connect("gone")
+            yield* connection.send({
+              type: "repo",
+              request: { op: "copy_out", guestPath: name, hostPath: path.join(out, "copy.bin") }
+            })
+            yield* realSleep(1000)
+            expect(processesMentioning(name).length).toBeGreaterThan(0)
+          })
+        )
+        // the client is gone: within a moment the guest's tar is stopped and the staging removed
+        yield* realSleep(2000)
+        expect(processesMentioning(name)).toEqual([])
+        expect(fs.readdirSync(out)).toEqual([])
+        yield* stop("gone")
       }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
     },
     120_000

@@ -90,6 +90,8 @@ export class GuestAgent {
   private shuttingDown = false
   private turnDone: Promise<void> = Promise.resolve()
   private readonly transfers = new Set<number>()
+  /** exports the host stopped (tunnel_close): their failure is no news to it */
+  private readonly stoppedExports = new Set<number>()
   /** port forwards the host opened (channel ids) */
   private readonly forwards = new Set<number>()
   private finish: (end: AgentEnd) => void = () => undefined
@@ -221,8 +223,13 @@ export class GuestAgent {
       case "tunnel_accept":
       case "tunnel_deny":
       case "tunnel_close":
-        // the mux has dropped the channel: a forward's socket closes with it
+        // the mux has dropped the channel: a forward's socket closes with it; an export's
+        // writes fail, which stops its tar (the host stopped reading it)
         if (message.type === "tunnel_close" && this.forwards.delete(message.channel)) return
+        if (message.type === "tunnel_close" && this.transfers.has(message.channel)) {
+          this.stoppedExports.add(message.channel)
+          return
+        }
         if (this.options.onTunnelMessage !== undefined) {
           this.options.onTunnelMessage(message)
           return
@@ -271,11 +278,16 @@ export class GuestAgent {
       })
       await this.send({ type: "transfer_end", channel, files: 0, bytes })
     } catch (error) {
+      if (this.stoppedExports.has(channel)) {
+        log(`export on channel ${channel} stopped by the host`)
+        return
+      }
       log(`export on channel ${channel} failed: ${errorText(error)}`)
       ch.destroy("export failed")
       await this.send({ type: "error", code: "export_failed", message: errorText(error), channel })
     } finally {
       this.transfers.delete(channel)
+      this.stoppedExports.delete(channel)
     }
   }
 

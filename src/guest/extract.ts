@@ -51,23 +51,53 @@ export interface ExtractOptions {
    * on each header, before any byte is written), and with `linksInside` a symlink must point
    * inside the tree (relative, never above it).
    */
-  readonly untrusted?: {
-    readonly maxBytes: number
-    readonly maxEntries: number
-    readonly linksInside: boolean
-  }
+  readonly untrusted?: UntrustedRules
+  /** stop: the source is no longer read (its iterator is returned) and the extraction fails */
+  readonly signal?: AbortSignal
 }
 
-/** a relative link target, from the link's own directory, stays inside the tree */
-export const linkStaysInside = (entryParts: ReadonlyArray<string>, linkpath: string): boolean => {
+export interface UntrustedRules {
+  /** file bytes in all, as the headers declare them (skipped entries count too) */
+  readonly maxBytes: number
+  /** bytes of one file, as its header declares them */
+  readonly maxFileBytes?: number | undefined
+  readonly maxEntries: number
+  /**
+   * symlinks must stay inside this subtree of the archive (its components; [] = the whole
+   * tree): what was copied, so that no link of it points at what is beside it on the host
+   */
+  readonly linksWithin?: ReadonlyArray<string> | undefined
+  /** entries with a `.git` component (a repository's metadata, its config and hooks): skipped */
+  readonly skipGit?: boolean | undefined
+}
+
+/**
+ * A name that git (and a case-insensitive file system, as macOS's) takes for `.git`: any case,
+ * and the code points HFS+ ignores in a name (git's is_hfs_dotgit).
+ */
+export const isGitName = (name: string): boolean =>
+  name.replace(/[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]/g, "").toLowerCase() === ".git"
+
+/**
+ * A link target that stays inside the subtree `within` from the link's own directory (parts of
+ * the entry path, `within` a prefix of them): relative, its `..` only leading (a `..` after a
+ * name could climb out of a directory a link named), never above `within`.
+ */
+export const linkStaysInside = (
+  entryParts: ReadonlyArray<string>,
+  linkpath: string,
+  within: ReadonlyArray<string> = []
+): boolean => {
   if (linkpath.startsWith("/")) return false
-  const stack = entryParts.slice(0, -1).slice()
+  if (entryParts.length <= within.length || within.some((part, i) => entryParts[i] !== part)) return false
+  let depth = entryParts.length - 1 - within.length
+  let named = false
   for (const part of linkpath.split("/")) {
     if (part === "" || part === ".") continue
     if (part === "..") {
-      if (stack.length === 0) return false
-      stack.pop()
-    } else stack.push(part)
+      if (named || depth === 0) return false
+      depth--
+    } else named = true
   }
   return true
 }
@@ -246,6 +276,8 @@ export const extractTar = async (
    * a hard link to such a file links its inode, which exists from its creation).
    */
   const finishing = new Set<Promise<void>>()
+  /** the files whose bytes are being received: failed when the extraction stops under them */
+  const receiving = new Set<(error: unknown) => void>()
 
   const writeFile = async (target: string, entry: ReadEntry) => {
     const handle = await create(target, entry)
@@ -258,9 +290,15 @@ export const extractTar = async (
         let failed = false
         const fail = (error: unknown) => {
           failed = true
+          receiving.delete(fail)
           reject(error)
         }
-        entry.once("end", () => resolve())
+        // stopped with the entry's bytes still to come: they never will
+        receiving.add(fail)
+        entry.once("end", () => {
+          receiving.delete(fail)
+          resolve()
+        })
         entry.once("error", fail)
         entry.on("data", (chunk: Buffer) => {
           // after a failure the caller resumes the entry to skip its bytes: they are dropped
@@ -310,6 +348,8 @@ export const extractTar = async (
   }
 
   let entries = 0
+  /** file bytes the headers declared so far (untrusted): checked before any of them is read */
+  let declared = 0
   const untrusted = options.untrusted
   const handle = async (entry: ReadEntry): Promise<void> => {
     if (failure !== undefined) return
@@ -319,23 +359,35 @@ export const extractTar = async (
       if (++entries > untrusted.maxEntries) {
         throw new ExtractError(`more than ${untrusted.maxEntries} entries`)
       }
-      if (
-        (entry.type === "File" || entry.type === "OldFile" || entry.type === "ContiguousFile") &&
-        bytes + (entry.size ?? 0) > untrusted.maxBytes
-      ) {
-        throw new ExtractError(`${describe(entry)}: more than ${untrusted.maxBytes} bytes in all`)
-      }
-      if (
-        entry.type === "SymbolicLink" &&
-        untrusted.linksInside &&
-        !linkStaysInside(parts, entry.linkpath ?? "")
-      ) {
-        throw new ExtractError(
-          `${describe(entry)}: the link points outside (${JSON.stringify(entry.linkpath)})`
-        )
+      if (entry.type === "File" || entry.type === "OldFile" || entry.type === "ContiguousFile") {
+        const size = entry.size ?? 0
+        if (untrusted.maxFileBytes !== undefined && size > untrusted.maxFileBytes) {
+          throw new ExtractError(
+            `${describe(entry)} is too big: ${size} bytes, more than the limit of ${untrusted.maxFileBytes} for one file`
+          )
+        }
+        declared += size
+        if (declared > untrusted.maxBytes) {
+          throw new ExtractError(
+            `${describe(entry)} (${size} bytes) is too big: it takes the archive over the limit of ${untrusted.maxBytes} bytes in all`
+          )
+        }
       }
       if (!["Directory", "File", "OldFile", "ContiguousFile", "SymbolicLink", "Link"].includes(entry.type)) {
         throw new ExtractError(`${describe(entry)}: ${entry.type} entries are refused`)
+      }
+      if (untrusted.skipGit === true && parts.some((part) => isGitName(part))) {
+        skipped++
+        return
+      }
+      if (
+        entry.type === "SymbolicLink" &&
+        untrusted.linksWithin !== undefined &&
+        !linkStaysInside(parts, entry.linkpath ?? "", untrusted.linksWithin)
+      ) {
+        throw new ExtractError(
+          `${describe(entry)}: the link points outside what was copied (${JSON.stringify(entry.linkpath)})`
+        )
       }
     }
     if (parts.length === 0) {
@@ -406,11 +458,15 @@ export const extractTar = async (
     }
   }
 
+  /** the archive's end (two zero blocks) was read, and whether any entry came before it */
+  let sawEnd = false
+  let sawEntry = false
   const parser = new Parser({
     strict: true,
     // entries are consumed by `handle`, in order; the parser waits for each one (back pressure)
     noResume: true,
     onReadEntry: (entry) => {
+      sawEntry = true
       chain = chain
         .then(() => handle(entry))
         .catch((error: unknown) => {
@@ -421,9 +477,16 @@ export const extractTar = async (
     }
   })
   // strict: tar's warnings (bad checksums, truncated input, not a tar) are 'error' events
+  parser.on("eof", () => {
+    sawEnd = true
+  })
   const parserDone = new Promise<void>((resolve, reject) => {
     parser.on("end", () => resolve())
-    parser.on("error", (error: unknown) => reject(error))
+    parser.on("error", (error: unknown) =>
+      // the archive of nothing (its end and no entry: what `tar -c` of no file writes) is valid;
+      // the Parser calls it unrecognized, as it does input that is no archive at all
+      isErrno(error, "TAR_BAD_ARCHIVE") && sawEnd && !sawEntry ? resolve() : reject(error)
+    )
   })
   parserDone.catch((error: unknown) => {
     failure ??= error
@@ -439,8 +502,34 @@ export const extractTar = async (
   }
   /** bytes of an incomplete 512-byte block, held until the next chunk completes it */
   let tail: Buffer | undefined = undefined
-  for await (const bytes of source) {
-    if (failure !== undefined) continue // keep draining so the sender is not stalled
+  // a refusal or the signal stops the reading: the source is returned (the sender stopped),
+  // never drained to its end
+  const iterator = source[Symbol.asyncIterator]()
+  const signal = options.signal
+  const ABORTED = Symbol("aborted")
+  const aborted = new Promise<typeof ABORTED>((resolve) => {
+    if (signal?.aborted === true) resolve(ABORTED)
+    signal?.addEventListener("abort", () => resolve(ABORTED), { once: true })
+  })
+  let returned = false
+  const stopSource = () => {
+    if (returned) return
+    returned = true
+    // a pending next() is left behind: return() ends the source under it
+    void Promise.resolve(iterator.return?.()).catch(() => undefined)
+  }
+  while (true) {
+    if (failure !== undefined) break
+    const next = await Promise.race([iterator.next(), aborted])
+    if (next === ABORTED) {
+      failure ??= new ExtractError("stopped")
+      break
+    }
+    if (next.done === true) {
+      returned = true
+      break
+    }
+    const bytes = next.value
     // the Parser works in 512-byte blocks and concatenates (copies) whatever is left over with
     // the next chunk: hand it whole blocks only, so that file data is passed on as views
     let chunk = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
@@ -459,6 +548,7 @@ export const extractTar = async (
     if (whole < chunk.length) tail = Buffer.from(chunk.subarray(whole))
     if (whole > 0) await feed(chunk.subarray(0, whole))
   }
+  if (failure !== undefined) stopSource()
   if (failure === undefined) {
     // a truncated archive leaves a partial block: the Parser reports it
     if (tail !== undefined) parser.write(tail)
@@ -466,6 +556,7 @@ export const extractTar = async (
     await parserDone.catch(() => undefined)
   } else {
     parser.abort(new Error("extraction stopped"))
+    for (const fail of [...receiving]) fail(failure)
   }
   await chain
   while (finishing.size > 0) await Promise.all(finishing)

@@ -19,11 +19,12 @@ import { createHash } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { safeComponents } from "../guest/extract.js"
-import { DEFAULT_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
+import { isGitName, safeComponents } from "../guest/extract.js"
+import { DEFAULT_LIMITS, DIFF_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
 import { scanSource, tarSnapshot } from "../lib/snapshot.js"
 import type { GuestConnection } from "../services/GuestRpc.js"
 import {
+  ArchiveRefused,
   MergeConflicts,
   PatchFailed,
   RepoPathInvalid,
@@ -49,6 +50,12 @@ const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
     (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
   )
 
+/**
+ * The most of a patch held in memory (a diff's output, the patch apply writes): beyond it the
+ * diff is refused, naming the limit (docs/exit-codes.md, "limits")
+ */
+export const MAX_PATCH_BYTES = 256 * 1024 * 1024
+
 /** git with no system/global configuration, no pager, no colour, never a prompt */
 const git = (
   args: ReadonlyArray<string>,
@@ -56,9 +63,11 @@ const git = (
     readonly cwd?: string
     readonly env?: Record<string, string>
     readonly input?: Uint8Array | string
+    /** stdout beyond this many bytes: git is killed and the patch refused */
+    readonly maxOutput?: number
   } = {}
 ) =>
-  Effect.async<Buffer, RepoToolFailed>((resume) => {
+  Effect.async<Buffer, RepoToolFailed | ArchiveRefused>((resume) => {
     const child = spawn("git", args, {
       cwd: options.cwd,
       stdio: ["pipe", "pipe", "pipe"],
@@ -74,8 +83,20 @@ const git = (
       }
     })
     const out: Array<Buffer> = []
+    let size = 0
+    let overflow = false
     let stderr = ""
-    child.stdout.on("data", (chunk: Buffer) => out.push(chunk))
+    child.stdout.on("data", (chunk: Buffer) => {
+      if (overflow) return
+      size += chunk.length
+      if (options.maxOutput !== undefined && size > options.maxOutput) {
+        overflow = true
+        out.length = 0
+        child.kill("SIGKILL")
+        return
+      }
+      out.push(chunk)
+    })
     child.stderr.on("data", (chunk: Buffer) => {
       if (stderr.length < 16384) stderr += chunk.toString("utf8")
     })
@@ -85,9 +106,16 @@ const git = (
     )
     child.once("close", (code) =>
       resume(
-        code === 0
-          ? Effect.succeed(Buffer.concat(out))
-          : Effect.fail(tool("git", `git ${args[0]} exited ${code}: ${stderr.trim()}`))
+        overflow
+          ? Effect.fail(
+              new ArchiveRefused({
+                reason: "patch too big",
+                message: `the patch is larger than ${options.maxOutput} bytes: limit the diff to paths (-- <path>), or take big files out with abox cp`
+              })
+            )
+          : code === 0
+            ? Effect.succeed(Buffer.concat(out))
+            : Effect.fail(tool("git", `git ${args[0]} exited ${code}: ${stderr.trim()}`))
       )
     )
     child.stdin.end(options.input ?? "")
@@ -152,25 +180,25 @@ const writeTree = (gitDir: string, root: string, scratch: string) =>
       catch: (cause) => tool("fs", `cannot read ${root}: ${errorMessage(cause)}`)
     })
     const env = { GIT_DIR: gitDir, GIT_INDEX_FILE: path.join(scratch, `index-${path.basename(root)}`) }
-    // a link's blob is its target: written to scratch files and hashed with the rest
+    // a link's blob is its target: written to scratch files and hashed with the rest; a file
+    // whose name holds a newline (which --stdin-paths cannot take) is hashed through a scratch
+    // hard link of it
     const sources = yield* Effect.tryPromise({
       try: async () =>
         Promise.all(
           entries.map(async (entry, i) => {
-            if (entry.mode !== "120000") return entry.full
-            const file = path.join(scratch, `link-${path.basename(root)}-${i}`)
-            await fs.writeFile(file, await fs.readlink(entry.full, { encoding: "buffer" }))
+            const file = path.join(scratch, `entry-${path.basename(root)}-${i}`)
+            if (entry.mode === "120000") {
+              await fs.writeFile(file, await fs.readlink(entry.full, { encoding: "buffer" }))
+              return file
+            }
+            if (!entry.full.includes("\n")) return entry.full
+            await fs.link(entry.full, file)
             return file
           })
         ),
-      catch: (cause) => tool("fs", `cannot read links in ${root}: ${errorMessage(cause)}`)
+      catch: (cause) => tool("fs", `cannot read the entries of ${root}: ${errorMessage(cause)}`)
     })
-    if (sources.some((file) => file.includes("\n"))) {
-      return yield* tool(
-        "git",
-        `a file name in ${root} holds a newline, which git's --stdin-paths cannot take`
-      )
-    }
     const ids =
       sources.length === 0
         ? []
@@ -200,14 +228,19 @@ const fetchTrees = (connection: GuestConnection) =>
     const base = path.join(work, "base")
     const repo = path.join(work, "repo")
     const gitDir = path.join(work, "objects.git")
-    // only what differs: a diff costs what changed, not the size of the tree
+    // only what differs: a diff costs what changed, not the size of the tree; bounded (one
+    // file, all of it) before a byte is read; no `.git` at any depth (a nested repository's
+    // config and hooks are not the work, and git refuses such paths in a tree)
+    const limits = { ...DIFF_LIMITS, skipGit: true }
     yield* extractUntrusted(
       connection.exportTree({ tree: "baseline", paths: [], exclude: DIFF_EXCLUDE, changed: true }),
-      base
+      base,
+      limits
     )
     yield* extractUntrusted(
       connection.exportTree({ tree: "repo", paths: [], exclude: DIFF_EXCLUDE, changed: true }),
-      repo
+      repo,
+      limits
     )
     yield* Effect.promise(() =>
       Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })])
@@ -245,7 +278,10 @@ export const diff = Effect.fn("repo.diff")(function* (
   return yield* Effect.scoped(
     Effect.gen(function* () {
       const trees = yield* fetchTrees(connection)
-      const out = yield* git(diffArgs(trees, { ...options, paths }), { env: { GIT_DIR: trees.gitDir } })
+      const out = yield* git(diffArgs(trees, { ...options, paths }), {
+        env: { GIT_DIR: trees.gitDir },
+        maxOutput: MAX_PATCH_BYTES
+      })
       return out.toString("utf8")
     })
   )
@@ -403,7 +439,7 @@ export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnect
         if (!same) conflicts.push(rel)
       }
       if (conflicts.length > 0 && options.threeWay === true) {
-        const patch = yield* git(diffArgs(trees, { paths }), { env })
+        const patch = yield* git(diffArgs(trees, { paths }), { env, maxOutput: MAX_PATCH_BYTES })
         const sorted = [...touched].sort()
         let workTree = target
         if (options.check === true) {
@@ -443,7 +479,7 @@ export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnect
           message: `${target} changed since the snapshot where the patch writes: ${conflicts.join(", ")}`
         })
       }
-      const patch = yield* git(diffArgs(trees, { paths }), { env })
+      const patch = yield* git(diffArgs(trees, { paths }), { env, maxOutput: MAX_PATCH_BYTES })
       // applied as a plain patch in the target: no repository above it is looked for, and the
       // user's whitespace settings do not refuse the agent's lines
       const applyEnv = { GIT_CEILING_DIRECTORIES: path.dirname(target) }
@@ -458,13 +494,33 @@ export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnect
 
 // ---- files ----
 
-/** `abox cp <ref>:<path> <host>`: the guest's file or directory to `host` (a new name, or into a directory) */
+export interface CopyOutOptions {
+  /**
+   * bring `.git` entries (directories, files, links, at any depth) out too: a guest-written
+   * repository's config and hooks run commands the guest chose in the next `git status` there
+   */
+  readonly includeGit?: boolean | undefined
+}
+
+/**
+ * `abox cp <ref>:<path> <host>`: the guest's file or directory to `host` (a new name, or into a
+ * directory). Every link must stay inside what was copied; `.git` stays in the guest unless
+ * `includeGit`.
+ */
 export const copyOut = Effect.fn("repo.copyOut")(function* (
   connection: GuestConnection,
   guestPath: string,
-  hostPath: string
+  hostPath: string,
+  options: CopyOutOptions = {}
 ) {
   const rel = yield* repoPath(guestPath)
+  const includeGit = options.includeGit === true
+  if (!includeGit && rel.split("/").some((part) => isGitName(part))) {
+    return yield* new RepoPathInvalid({
+      path: guestPath,
+      message: `${guestPath} is repository metadata the guest wrote (its config and hooks run commands): copy it only with --include-git`
+    })
+  }
   let destination = path.resolve(hostPath)
   const existing = yield* Effect.promise(() => fs.stat(destination).catch(() => undefined))
   if (existing?.isDirectory() === true)
@@ -487,7 +543,8 @@ export const copyOut = Effect.fn("repo.copyOut")(function* (
       const staging = yield* tempDir(path.dirname(destination), ".abox-cp-")
       const result = yield* extractUntrusted(connection.exportTree({ tree: "repo", paths: [rel] }), staging, {
         ...DEFAULT_LIMITS,
-        linksInside: true
+        linksWithin: rel === "" ? [] : rel.split("/"),
+        skipGit: !includeGit
       })
       const source = path.join(staging, rel)
       yield* Effect.tryPromise({
@@ -533,7 +590,7 @@ export const readFile = Effect.fn("repo.readFile")(function* (
       const staging = yield* tempDir()
       yield* extractUntrusted(connection.exportTree({ tree: "repo", paths: [rel] }), staging, {
         ...DEFAULT_LIMITS,
-        linksInside: true
+        linksWithin: []
       })
       return yield* Effect.tryPromise({
         try: () => fs.readFile(path.join(staging, rel)),

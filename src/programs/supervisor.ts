@@ -415,7 +415,9 @@ const serve = Effect.fn("supervisor.serve")(function* (
           return yield* send({ type: "repo_done", paths: [...touched] })
         }
         case "copy_out": {
-          const result = yield* Repo.copyOut(connection, request.guestPath, request.hostPath)
+          const result = yield* Repo.copyOut(connection, request.guestPath, request.hostPath, {
+            includeGit: request.includeGit
+          })
           return yield* send({
             type: "repo_done",
             files: result.files,
@@ -481,6 +483,9 @@ const serve = Effect.fn("supervisor.serve")(function* (
     )
   }
 
+  /** the client's end of a connection that sends nothing after its request (EOF: it is gone) */
+  const untilClosed = (lines: LineSocket) => Stream.runDrain(readLines(lines)).pipe(Effect.ignore)
+
   const handle = (socket: net.Socket) =>
     Effect.gen(function* () {
       const client = nextClient++
@@ -527,7 +532,9 @@ const serve = Effect.fn("supervisor.serve")(function* (
         case "forward":
           return yield* forward(request.port, lines, send)
         case "repo":
-          return yield* repo(request.request, send)
+          // the client gone (its connection closed): the operation is interrupted, which stops
+          // the guest's export (src/lib/hostExtract.ts) instead of reading it to its end
+          return yield* Effect.raceFirst(repo(request.request, send), untilClosed(lines))
         case "cancel": {
           const error = new ControlError({
             reason: "bad request",

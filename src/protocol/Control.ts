@@ -84,7 +84,12 @@ export const RepoOp = Schema.Union(
     threeWay: Schema.optional(Schema.Boolean),
     paths: Schema.optional(Schema.Array(Schema.String))
   }),
-  Schema.Struct({ op: Schema.Literal("copy_out"), guestPath: Schema.String, hostPath: Schema.String }),
+  Schema.Struct({
+    op: Schema.Literal("copy_out"),
+    guestPath: Schema.String,
+    hostPath: Schema.String,
+    includeGit: Schema.optional(Schema.Boolean)
+  }),
   Schema.Struct({ op: Schema.Literal("copy_in"), hostPath: Schema.String, guestDir: Schema.String }),
   /** one file's bytes: `repo_data` pieces of base64, then `repo_done` */
   Schema.Struct({ op: Schema.Literal("read"), path: Schema.String }),

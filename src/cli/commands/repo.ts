@@ -134,6 +134,11 @@ export const cpCommand = Command.make(
         "a host path, or <ref>:<dir> (the host file or directory goes into that directory)"
       )
     ),
+    includeGit: Options.boolean("include-git").pipe(
+      Options.withDescription(
+        "also copy .git directories and files out (the guest wrote them: their config and hooks run commands in git there)"
+      )
+    ),
     json
   },
   (args) =>
@@ -147,17 +152,24 @@ export const cpCommand = Command.make(
             message: "abox cp: exactly one side is <session>:<path> (e.g. abox cp proj:src/main.c ./main.c)"
           })
         }
+        if (args.includeGit && from !== undefined)
+          yield* Console.error(
+            "abox: warning: --include-git copies the guest's .git (config, hooks): git in that directory runs commands the guest chose; read .git/config and .git/hooks before using git there"
+          )
+        const includeGit = args.includeGit ? { includeGit: true } : {}
         const result =
           from !== undefined
             ? yield* viaSupervisorOr(
                 from.ref,
-                { op: "copy_out", guestPath: from.path, hostPath: args.to },
+                { op: "copy_out", guestPath: from.path, hostPath: args.to, ...includeGit },
                 (remote) => ({
                   files: remote.done.files ?? 0,
                   bytes: remote.done.bytes ?? 0,
                   path: remote.done.path ?? args.to
                 }),
-                Repo.withConnection(from.ref, (connection) => Repo.copyOut(connection, from.path, args.to))
+                Repo.withConnection(from.ref, (connection) =>
+                  Repo.copyOut(connection, from.path, args.to, includeGit)
+                )
               )
             : yield* viaSupervisorOr(
                 to!.ref,

@@ -96,6 +96,14 @@ export const makeTransfers = (
         }
         const { id, result } = yield* register
         const channel = yield* link.channel(id)
+        // ended before the guest's transfer_end (a refusal here, the reader gone): the guest is
+        // told to stop (tunnel_close drops the channel on both sides; its tar is killed), so
+        // that it does not go on sending what nobody reads
+        yield* Effect.addFinalizer(() =>
+          Effect.flatMap(Deferred.isDone(result), (done) =>
+            done ? Effect.void : link.send({ type: "tunnel_close", channel: id }).pipe(Effect.ignore)
+          )
+        )
         yield* link.send({
           type: "export_begin",
           channel: id,
