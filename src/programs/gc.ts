@@ -32,14 +32,16 @@ const readText = (file: string) =>
 
 /**
  * Processes whose command line proves they are ours: a qemu-system-* or vfkit whose disk
- * argument is `<sessions>/<id>/root.raw`, and (its parent) an abox-vmm helper. Linux only:
+ * argument is `<sessions>/<id>/root.raw` (or `root.qcow2`), and (its parent) an abox-vmm helper. Linux only:
  * elsewhere there is no /proc and the scan finds nothing.
  */
 const findVmmProcesses = (sessionsDir: string) =>
   Effect.gen(function* () {
     const entries = yield* Effect.promise(() => fs.readdir("/proc").catch(() => [] as Array<string>))
     const found: Array<VmmProcess> = []
-    const marker = new RegExp(`${sessionsDir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/([0-9a-z]+)/root\\.raw`)
+    const marker = new RegExp(
+      `${sessionsDir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/([0-9a-z]+)/root\\.(?:raw|qcow2)`
+    )
     for (const entry of entries) {
       if (!/^\d+$/.test(entry)) continue
       const cmdline = yield* readText(`/proc/${entry}/cmdline`)
