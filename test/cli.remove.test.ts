@@ -128,7 +128,7 @@ describe("abox rm, run --rm, prune", () => {
     const dir = writeSession(path.join(home, "sessions"), A)
     fs.writeFileSync(path.join(dir, "root.raw"), Buffer.alloc(300_000, 1))
     const text = runCli(home, ["list"]).stdout.split("\n")
-    expect(text[0]).toMatch(/^ID\s+STATUS\s+SIZE\s+LAST CLOSE/)
+    expect(text[0]).toMatch(/^ID\s+STATUS\s+SIZE\s+SHARED\s+LAST CLOSE/)
     expect(text[1]).toMatch(new RegExp(`^${A}\\s+STOPPED\\s+3\\d\\d kB\\s+never`))
     const rows = (
       JSON.parse(runCli(home, ["list", "--json"]).stdout) as { sessions: Array<Record<string, unknown>> }

@@ -20,7 +20,8 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { DiskError, type GoldenImage } from "../domain/image.js"
 import type { RootDiskInfo } from "../domain/session.js"
-import { sessionFile } from "../domain/sessionLayout.js"
+import { IMAGE_FILES, sessionFile } from "../domain/sessionLayout.js"
+import { statSync } from "node:fs"
 import type { DiskFormat } from "../domain/vm.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { checkFreeSpace, cloneDisk, reflinkDisk } from "./disk.js"
@@ -118,6 +119,24 @@ export const sessionRootDisk = (
   recorded?.format === "qcow2"
     ? { file: sessionFile(dir, "rootQcow2"), format: "qcow2" }
     : { file: sessionFile(dir, "rootDisk"), format: "raw" }
+
+/**
+ * The bytes a session shares with others: what its image's golden root.raw occupies, when the
+ * session's root disk is an overlay of it (0 otherwise, or when the image is gone). Synchronous:
+ * `abox list` reads every session in one pass.
+ */
+export const sharedBytesSync = (
+  imagesDir: string,
+  image: { readonly name: string; readonly digest: string } | undefined,
+  recorded: RootDiskInfo | undefined
+): number => {
+  if (image === undefined || recorded?.kind !== "overlay") return 0
+  try {
+    return statSync(path.join(imagesDir, image.name, image.digest, IMAGE_FILES.root)).blocks * 512
+  } catch {
+    return 0
+  }
+}
 
 /** how `abox list`/`show` name a session's root disk */
 export const describeRootDisk = (recorded: RootDiskInfo | undefined): string => {

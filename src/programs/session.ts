@@ -487,7 +487,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
       const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
       // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
-      const root = yield* images.cloneRoot(image, dir, vmm.repoDiskFormat === "qcow2")
+      const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
       const made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
       // the snapshot as a disk built here (no per-file work in the guest), where the backend
       // attaches one and the tools are present; else a tar streamed in after the hello
