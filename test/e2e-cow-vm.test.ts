@@ -21,6 +21,8 @@ import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import * as Repo from "../src/programs/repo.js"
+import { imageRemove } from "../src/programs/image.js"
+import { execFileSync } from "node:child_process"
 import { remove } from "../src/programs/remove.js"
 import { open, resume } from "../src/programs/session.js"
 import { SessionStore } from "../src/services/SessionStore.js"
@@ -114,6 +116,52 @@ describe.skipIf(skip !== undefined)("a qcow2 root session in a real VM", () => {
         expect(goldenAfter.size).toBe(goldenBefore.size)
         expect(goldenAfter.mtimeMs).toBe(goldenBefore.mtimeMs)
         expect(goldenAfter.mode & 0o777).toBe(0o444)
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    600_000
+  )
+
+  it.live(
+    "image rm refuses while the session uses its image; --force makes it standalone and it boots with the image gone",
+    () => {
+      const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-cow-vm-rm-"))
+      const source = fs.mkdtempSync(path.join(os.tmpdir(), "abox-cow-vm-src-"))
+      fs.writeFileSync(path.join(source, "README.md"), "# cow\n")
+      return Effect.gen(function* () {
+        const shared = yield* Effect.promise(() => ensureTestImage())
+        // a registry of this test's own (the shared test image is never removed): the image copied
+        const imageDir = path.join(home, "images", shared.identity.name, shared.identity.digest)
+        fs.mkdirSync(path.dirname(imageDir), { recursive: true })
+        execFileSync("cp", [
+          "-a",
+          "--reflink=auto",
+          "--sparse=always",
+          path.dirname(shared.rootDisk),
+          imageDir
+        ])
+        fs.writeFileSync(
+          path.join(home, "images", "default.json"),
+          JSON.stringify({ format: 1, name: shared.identity.name, digest: shared.identity.digest })
+        )
+        const ref = `${shared.identity.name}@${shared.identity.digest}`
+        const id = yield* Effect.scoped(
+          Effect.gen(function* () {
+            const session = yield* open({ source, memoryMiB: 512 })
+            yield* runTurn(session.connection, "echo before-rm > $HOME/mark.txt; sync")
+            return session.id
+          })
+        )
+        const refused = yield* Effect.flip(imageRemove(ref, false))
+        expect(refused._tag).toBe("ImageInUse")
+        const removed = yield* imageRemove(ref, true)
+        expect(removed.standalone).toEqual([id])
+        expect(fs.existsSync(imageDir)).toBe(false)
+        yield* Effect.scoped(
+          Effect.gen(function* () {
+            const session = yield* resume(id, { memoryMiB: 512 })
+            expect((yield* runTurn(session.connection, "cat $HOME/mark.txt")).trim()).toBe("before-rm")
+          })
+        )
       }).pipe(Effect.provide(layerFor(home)))
     },
     600_000

@@ -74,7 +74,8 @@ const exists = (file: string) =>
  * `abox gc`: what a crash can leave behind, and nothing a user made. Sockets of sessions whose
  * lock is free (no VM runs them), temp files of interrupted atomic writes, names bound to
  * sessions that are gone, and VMM processes (and their helpers) whose session directory is gone.
- * Sessions themselves are never removed.
+ * Sessions themselves are never removed, and neither is an image: a golden is the backing file
+ * of its sessions' overlays (`abox image rm` is the one way an image goes, docs/on-disk.md).
  */
 export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean }) {
   const store = yield* SessionStore
