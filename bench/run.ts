@@ -16,7 +16,8 @@ import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
 import { scrubOverhead } from "./scrub.js"
 import { turnOutputStream } from "./turnOutput.js"
-import { vmmClone, vmmOpenToHello, vmmRss } from "./vmm.js"
+import { vmmOpenToHello, vmmRss } from "./vmm.js"
+import { cowDiskThroughput, cowIdleRss, cowMainJob5, cowSessionDisk, cowSessions20, vmmClone } from "./cow.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
   ["listVsFloor", listVsFloor],
@@ -32,6 +33,11 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["vmmOpenToHello", vmmOpenToHello],
   ["vmmClone", vmmClone],
   ["vmmRss", vmmRss],
+  ["cowMainJob5", cowMainJob5],
+  ["cowSessionDisk", cowSessionDisk],
+  ["cowSessions20", cowSessions20],
+  ["cowDiskThroughput", cowDiskThroughput],
+  ["cowIdleRss", cowIdleRss],
   ["lifecycleRun", lifecycleRun],
   ["lifecycleTurn", lifecycleTurn],
   ["transferTree50MB", transferTree50MB],

@@ -2,21 +2,17 @@
  * VMM figures (need qemu-system-x86_64 and the test image, built on first use):
  * - vmmOpenToHello: QemuVmm.start + GuestRpc accept (hello) vs a bare QEMU boot of the same
  *   image to its first serial line from init (`abox-init: started`); goal ≤ 1.10
- * - vmmClone: disk.cloneDisk of the golden root vs `cp --reflink=auto --sparse=always`; goal ≤ 1.0
+ * - vmmClone: bench/cow.ts (Open's root disk from the workstation golden)
  * - vmmRss: supervisor + helper RSS (MiB) while a VM runs, against 120 MiB; goal ≤ 1.0
  */
-import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
-import * as Layer from "effect/Layer"
 import * as Scope from "effect/Scope"
 import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as net from "node:net"
 import * as path from "node:path"
 import { performance } from "node:perf_hooks"
-import { cloneDisk } from "../src/lib/disk.js"
 import type { GoldenImage } from "../src/domain/image.js"
 import { buildQemuArgv, minimalEnv } from "../src/vmm/argv.js"
 import { bootSession, ensureTestImage, vmLayer, vmSkipReason } from "../test/e2e-vm-image.js"
@@ -115,38 +111,6 @@ export const openToHello = async (ctx: BenchContext, golden: GoldenImage): Promi
     runs,
     goal: 1.1,
     note: `abox: start → guest hello; floor: bare qemu → 'abox-init: started' (${accel}); the hello includes the agent's node start-up`
-  }
-}
-
-export const vmmClone = async (ctx: BenchContext): Promise<Figure> => {
-  const golden = await image()
-  const dir = fs.mkdtempSync(path.join(ctx.tmp, "clone-"))
-  const a: Array<number> = []
-  const b: Array<number> = []
-  for (let i = 0; i < ctx.runs + 1; i++) {
-    const t0 = performance.now()
-    await Effect.runPromise(
-      cloneDisk(golden.rootDisk, path.join(dir, `a${i}.raw`)).pipe(
-        Effect.provide(NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer)))
-      )
-    )
-    const t1 = performance.now()
-    spawnSync("cp", ["--reflink=auto", "--sparse=always", golden.rootDisk, path.join(dir, `b${i}.raw`)])
-    const t2 = performance.now()
-    if (i > 0) {
-      a.push(t1 - t0)
-      b.push(t2 - t1)
-    }
-    fs.rmSync(path.join(dir, `a${i}.raw`))
-    fs.rmSync(path.join(dir, `b${i}.raw`))
-  }
-  return {
-    ratio: round(median(a) / median(b)),
-    medianMs: round(median(a)),
-    floorMs: round(median(b)),
-    runs: ctx.runs,
-    goal: 1.0,
-    note: `golden root.raw ${Math.round(fs.statSync(golden.rootDisk).blocks / 2048)} MiB allocated of ${Math.round(fs.statSync(golden.rootDisk).size / 1048576)} MiB`
   }
 }
 

@@ -14,7 +14,9 @@ done
 # a short bounded wait covers the probe's asynchronous completion.
 i=0
 while [ ! -b /dev/vda ] && [ $i -lt 500 ]; do i=$((i + 1)); usleep 10000; done
-if ! mount -t ext4 /dev/vda /newroot; then
+# discard: the guest's deletes free the host's blocks (the drive has discard=unmap), so a session's
+# overlay or sparse root keeps only what is still in use
+if ! mount -t ext4 -o discard /dev/vda /newroot; then
   echo "abox-initrd: cannot mount /dev/vda" >/dev/console
   poweroff -f
 fi

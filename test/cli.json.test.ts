@@ -82,7 +82,7 @@ describe("--json output: one convention (docs/cli-json.md)", () => {
     expect(listed.images).toMatchObject([{ digest: image.meta.digest, default: true }])
 
     const removed = one(["image", "rm", `abox@${image.meta.digest}`, "--force"], home)
-    expect(keys(removed)).toEqual(["removed"])
+    expect(keys(removed)).toEqual(["removed", "standalone"])
     expect(removed.removed).toMatchObject([{ digest: image.meta.digest }])
     expect(fs.existsSync(image.dir)).toBe(false)
 

@@ -41,7 +41,7 @@ describe("abox rm, run --rm, prune", () => {
     run.child.kill("SIGTERM")
     expect((await run.exited).code).toBe(143)
     expect(runCli(home, ["list"], fake).stdout).toMatch(
-      new RegExp(`${id}\\s+STOPPED\\s+\\S+ \\S+\\s+graceful`)
+      new RegExp(`${id}\\s+STOPPED\\s+\\S+ \\S+\\s+-\\s+graceful`)
     )
     expect(runCli(home, ["rm", id!, "--yes"], fake).code).toBe(0)
     expect(sessionIds(home)).toEqual([])
@@ -128,8 +128,8 @@ describe("abox rm, run --rm, prune", () => {
     const dir = writeSession(path.join(home, "sessions"), A)
     fs.writeFileSync(path.join(dir, "root.raw"), Buffer.alloc(300_000, 1))
     const text = runCli(home, ["list"]).stdout.split("\n")
-    expect(text[0]).toMatch(/^ID\s+STATUS\s+SIZE\s+LAST CLOSE/)
-    expect(text[1]).toMatch(new RegExp(`^${A}\\s+STOPPED\\s+3\\d\\d kB\\s+never`))
+    expect(text[0]).toMatch(/^ID\s+STATUS\s+SIZE\s+SHARED\s+LAST CLOSE/)
+    expect(text[1]).toMatch(new RegExp(`^${A}\\s+STOPPED\\s+3\\d\\d kB\\s+-\\s+never`))
     const rows = (
       JSON.parse(runCli(home, ["list", "--json"]).stdout) as { sessions: Array<Record<string, unknown>> }
     ).sessions

@@ -290,7 +290,10 @@ export const bootSession = (
       arch: image.arch,
       kernel: image.kernel,
       initrd: image.initrd,
-      rootDisk: path.join(dir, "root.raw"),
+      // the session's root disk: an overlay of the golden where the directory has one
+      ...(fs.existsSync(path.join(dir, "root.qcow2"))
+        ? { rootDisk: path.join(dir, "root.qcow2"), rootDiskFormat: "qcow2" as const }
+        : { rootDisk: path.join(dir, "root.raw") }),
       configDisk: path.join(dir, "config.raw"),
       rpcSocket,
       consoleLog: path.join(dir, "console.log"),

@@ -14,6 +14,9 @@ import { decodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { Images } from "../src/services/Images.js"
 
+const qemuImg = ["/usr/bin/qemu-img", "/usr/local/bin/qemu-img", "/opt/homebrew/bin/qemu-img"].find((f) =>
+  fs.existsSync(f)
+)
 const Exec = NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
 const identity = (name: string, agent = "a".repeat(64)) => ({
   name,
@@ -107,15 +110,60 @@ describe("image registry", () => {
         const images = yield* Images
         const golden = yield* images.resolve(undefined)
         expect(golden.protocol).toBe(4)
-        const target = path.join(home, "root.raw")
-        yield* images.cloneRoot(golden, target)
-        return fs.statSync(target)
+        const root = yield* images.cloneRoot(golden, home, false)
+        expect(root.file).toBe(path.join(home, "root.raw"))
+        expect(root.info.format).toBe("raw")
+        expect(root.info.backing).toBe(golden.identity.digest)
+        return fs.statSync(root.file)
       }).pipe(Effect.provide(ImagesLive.pipe(Layer.provide(Layer.mergeAll(aboxPathsAt(home), Exec)))))
       expect(result.size).toBe(64 * 1024 * 1024)
       expect(result.blocks * 512).toBeLessThan(1024 * 1024)
       expect(result.mode & 0o777).toBe(0o600)
       fs.rmSync(home, { recursive: true, force: true })
     })
+  )
+
+  it.effect.skipIf(!qemuImg)(
+    "Images service with overlay: root.qcow2 over the golden's absolute root.raw, O(1) whatever its size",
+    () =>
+      Effect.gen(function* () {
+        const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-img-"))
+        const imagesDir = path.join(home, "images")
+        fs.mkdirSync(imagesDir)
+        const staging = stage(imagesDir, "x")
+        // a golden with 32 MiB of data: an overlay does not copy it
+        const data = fs.openSync(path.join(staging, "root.raw"), "r+")
+        fs.writeSync(data, Buffer.alloc(32 * 1024 * 1024, 7), 0, 32 * 1024 * 1024, 0)
+        fs.closeSync(data)
+        yield* registerImage(imagesDir, staging, identity("abox"), { makeDefault: true })
+        const { golden, root } = yield* Effect.gen(function* () {
+          const images = yield* Images
+          const golden = yield* images.resolve(undefined)
+          return { golden, root: yield* images.cloneRoot(golden, home, true) }
+        }).pipe(Effect.provide(ImagesLive.pipe(Layer.provide(Layer.mergeAll(aboxPathsAt(home), Exec)))))
+        // this filesystem may reflink (then root.raw, O(1) too); else the overlay
+        if (root.info.kind === "reflink") {
+          expect(root.file).toBe(path.join(home, "root.raw"))
+        } else {
+          expect(root.info).toEqual({ format: "qcow2", kind: "overlay", backing: golden.identity.digest })
+          expect(root.file).toBe(path.join(home, "root.qcow2"))
+          const stat = fs.statSync(root.file)
+          expect(stat.mode & 0o777).toBe(0o600)
+          expect(stat.blocks * 512).toBeLessThan(1024 * 1024)
+          const info = JSON.parse(
+            execFileSync(qemuImg!, ["info", "--output=json", "-U", root.file], { encoding: "utf8" })
+          ) as {
+            "backing-filename": string
+            "backing-filename-format": string
+            "format-specific": { data: { "lazy-refcounts": boolean } }
+          }
+          expect(info["backing-filename"]).toBe(golden.rootDisk)
+          expect(path.isAbsolute(info["backing-filename"])).toBe(true)
+          expect(info["backing-filename-format"]).toBe("raw")
+          expect(info["format-specific"].data["lazy-refcounts"]).toBe(false)
+        }
+        fs.rmSync(home, { recursive: true, force: true })
+      })
   )
 })
 

@@ -31,7 +31,7 @@ describe("QEMU argv", () => {
     const argv = buildQemuArgv(input)
     const drives = valueOf(argv, "-drive")
     expect(drives).toEqual([
-      "file=/s/root.raw,format=raw,if=virtio,cache=writeback",
+      "file=/s/root.raw,format=raw,if=virtio,cache=writeback,discard=unmap",
       "file=/s/config.raw,format=raw,if=virtio,readonly=on"
     ])
     expect(valueOf(argv, "-chardev")).toContain("socket,id=rpc,path=/s/rpc.sock")
@@ -41,6 +41,14 @@ describe("QEMU argv", () => {
     expect(valueOf(argv, "-m")).toEqual(["1536"])
     expect(valueOf(argv, "-machine")).toEqual(["q35,accel=tcg"])
     expect(valueOf(argv, "-append")[0]).toMatch(/^console=ttyS0 /)
+  })
+
+  it("a qcow2 root (an overlay of the golden) is attached as qcow2; the balloon reports free pages", () => {
+    const argv = buildQemuArgv({ ...input, rootDisk: "/s/root.qcow2", rootDiskFormat: "qcow2" })
+    expect(valueOf(argv, "-drive")[0]).toBe(
+      "file=/s/root.qcow2,format=qcow2,if=virtio,cache=writeback,discard=unmap"
+    )
+    expect(valueOf(argv, "-device")).toContain("virtio-balloon-pci,free-page-reporting=on")
   })
 
   it("aarch64 uses the virt machine and ttyAMA0; KVM uses -cpu host", () => {
@@ -56,7 +64,9 @@ describe("QEMU argv", () => {
       rootDisk: "/a,b/root.raw",
       kernelArgs: ["abox.ignore_shutdown=1"]
     })
-    expect(valueOf(argv, "-drive")[0]).toBe("file=/a,,b/root.raw,format=raw,if=virtio,cache=writeback")
+    expect(valueOf(argv, "-drive")[0]).toBe(
+      "file=/a,,b/root.raw,format=raw,if=virtio,cache=writeback,discard=unmap"
+    )
     expect(valueOf(argv, "-append")[0]).toContain("abox.ignore_shutdown=1")
   })
 
@@ -87,9 +97,9 @@ describe("repository disks on the command lines", () => {
       repoDisks: { repo: "/s/repo.qcow2", repoFormat: "qcow2", base: "/s/a,b/repo-base.raw" }
     })
     expect(valueOf(argv, "-drive")).toEqual([
-      "file=/s/root.raw,format=raw,if=virtio,cache=writeback",
+      "file=/s/root.raw,format=raw,if=virtio,cache=writeback,discard=unmap",
       "file=/s/config.raw,format=raw,if=virtio,readonly=on",
-      "file=/s/repo.qcow2,format=qcow2,if=none,id=repo,cache=writeback",
+      "file=/s/repo.qcow2,format=qcow2,if=none,id=repo,cache=writeback,discard=unmap",
       "file=/s/a,,b/repo-base.raw,format=raw,if=none,id=base,readonly=on"
     ])
     expect(valueOf(argv, "-device")).toContain("virtio-blk-pci,drive=repo,serial=abox-repo,addr=0x10")

@@ -90,5 +90,7 @@ export class DiskError extends Schema.TaggedError<DiskError>()("DiskError", {
 
 export class ImageInUse extends Schema.TaggedError<ImageInUse>()("ImageInUse", {
   ref: Schema.String,
-  message: Schema.String
+  message: Schema.String,
+  /** the ids of the sessions that would break (boot from its kernel, or back onto its root.raw) */
+  sessions: Schema.optional(Schema.Array(Schema.String))
 }) {}

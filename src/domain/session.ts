@@ -32,3 +32,21 @@ export const CloseOutcome = Schema.Struct({
   consoleTail: Schema.optional(Schema.Array(Schema.String))
 })
 export type CloseOutcome = typeof CloseOutcome.Type
+
+/**
+ * The session's root disk (`session.json` `rootDisk`; docs/on-disk.md "The root disk"):
+ * - `overlay`: `root.qcow2`, a qcow2 overlay whose backing file is the golden's read-only
+ *   `root.raw` (QEMU where the filesystem cannot reflink): the session holds what it changed;
+ * - `reflink`: `root.raw`, an O(1) reflink/clonefile of the golden (btrfs, XFS, APFS);
+ * - `copy`: `root.raw`, a sparse-aware full copy (no reflink, and a backend that needs raw);
+ * - `standalone`: `root.qcow2` made self-contained (`abox image rm --force` flattened it, and the
+ *   kernel and initrd were copied beside it).
+ * `backing` is the digest of the image the disk was made from. Sessions made before this field
+ * have none: their `root.raw` is a full copy (`abox show` says so).
+ */
+export const RootDiskInfo = Schema.Struct({
+  format: Schema.Literal("raw", "qcow2"),
+  kind: Schema.Literal("overlay", "reflink", "copy", "standalone"),
+  backing: Schema.String
+})
+export type RootDiskInfo = typeof RootDiskInfo.Type

@@ -42,8 +42,15 @@ export const SESSION_FILES = {
   guestConfig: "guest-config.json",
   /** the sealed config disk (/dev/vdb) */
   configDisk: "config.raw",
-  /** the guest's root disk (/dev/vda), cloned from the golden image */
+  /** the guest's root disk (/dev/vda) where it is raw: a clone or copy of the golden image */
   rootDisk: "root.raw",
+  /** the guest's root disk (/dev/vda) as a qcow2 overlay of the golden's root.raw (QEMU) */
+  rootQcow2: "root.qcow2",
+  /** a standalone session's own kernel and initrd (`abox image rm --force` copied them) */
+  kernel: "vmlinuz",
+  initrd: "initrd.gz",
+  /** ... and the uncompressed kernel, where its image had one (aarch64) */
+  kernelImage: "Image",
   /** the snapshot as an ext4 disk: the baseline */
   repoBase: "repo-base.raw",
   /** the guest's /work/repo: an overlay of repo-base.raw (QEMU) */

@@ -22,6 +22,8 @@ export interface VmSpec {
   readonly initrd: string
   /** guest root disk (rw, /dev/vda) */
   readonly rootDisk: string
+  /** its format (default raw): qcow2 for an overlay of the golden image (QEMU only) */
+  readonly rootDiskFormat?: DiskFormat | undefined
   /** sealed config disk (ro, /dev/vdb) */
   readonly configDisk: string
   /** the host end of the guest RPC channel; the host is listening on it before start */
@@ -49,7 +51,10 @@ export interface RepoDisks {
 }
 
 /** qcow2: a copy-on-write overlay whose backing file is `base` (QEMU); raw: a clone of it (vfkit) */
-export type RepoDiskFormat = "raw" | "qcow2"
+export type RepoDiskFormat = DiskFormat
+
+/** a disk image's format as QEMU names it */
+export type DiskFormat = "raw" | "qcow2"
 
 export interface VmExit {
   readonly exitCode: number | null

@@ -72,7 +72,8 @@ export const mountRepoDisks = async (repoDir: string, stateDir: string): Promise
   if (repo !== undefined) {
     // nosuid/nodev: the repository holds the user's files, never the guest's privileges;
     // noinit_itable: the kernel's lazy inode-table zeroing would write the whole table under TCG
-    await run("mount", ["-t", "ext4", "-o", "noatime,nosuid,nodev,noinit_itable", repo, repoDir])
+    // discard: deletes free the host's blocks of the overlay (the drive has discard=unmap)
+    await run("mount", ["-t", "ext4", "-o", "noatime,nosuid,nodev,noinit_itable,discard", repo, repoDir])
   }
   if (base !== undefined) {
     const dir = baselineDir(stateDir)

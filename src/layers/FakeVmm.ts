@@ -84,6 +84,8 @@ export interface FakeVmmOptions {
   readonly command?: (spec: VmSpec, argv: ReadonlyArray<string>) => ReadonlyArray<string>
   /** extra environment for the guest process */
   readonly env?: Readonly<Record<string, string>>
+  /** the root disk format the fake attaches (qcow2: Open makes an overlay of the golden) */
+  readonly rootDiskFormat?: VmmBackendShape["rootDiskFormat"]
 }
 
 const isRoot = (): boolean => typeof process.getuid === "function" && process.getuid() === 0
@@ -116,7 +118,15 @@ export const make = (options: FakeVmmOptions = {}) =>
       yield* fs
         .writeFileString(
           paths.vmSpec,
-          JSON.stringify({ arch: spec.arch, cpus: spec.cpus, memoryMiB: spec.memoryMiB }) + "\n"
+          JSON.stringify({
+            arch: spec.arch,
+            cpus: spec.cpus,
+            memoryMiB: spec.memoryMiB,
+            kernel: spec.kernel,
+            initrd: spec.initrd,
+            rootDisk: spec.rootDisk,
+            rootDiskFormat: spec.rootDiskFormat ?? "raw"
+          }) + "\n"
         )
         .pipe(
           Effect.mapError((error) =>
@@ -243,7 +253,12 @@ export const make = (options: FakeVmmOptions = {}) =>
       return handle
     })
 
-    const shape: VmmBackendShape = { name: "fake", arch: hostArch(), start }
+    const shape: VmmBackendShape = {
+      name: "fake",
+      arch: hostArch(),
+      start,
+      ...(options.rootDiskFormat === undefined ? {} : { rootDiskFormat: options.rootDiskFormat })
+    }
     return shape
   })
 

@@ -1,8 +1,8 @@
 import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
-import { cloneDisk } from "../lib/disk.js"
 import { goldenOf, resolveImage } from "../lib/images.js"
+import { makeRootDisk } from "../lib/rootDisk.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { Images } from "../services/Images.js"
 
@@ -19,12 +19,8 @@ export const ImagesLive: Layer.Layer<Images, never, AboxPaths | CommandExecutor.
             Effect.map((image) => goldenOf(image)),
             Effect.withSpan("Images.resolve")
           ),
-        cloneRoot: (image, target) =>
-          cloneDisk(image.rootDisk, target).pipe(
-            Effect.asVoid,
-            Effect.provide(context),
-            Effect.withSpan("Images.cloneRoot")
-          )
+        cloneRoot: (image, dir, overlay) =>
+          makeRootDisk(image, dir, overlay).pipe(Effect.provide(context), Effect.withSpan("Images.cloneRoot"))
       })
     })
   )

@@ -3,7 +3,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { CACHE_FILES } from "../domain/sessionLayout.js"
+import { CACHE_FILES, sessionFile } from "../domain/sessionLayout.js"
 import { backendEnv } from "../lib/env.js"
 import { ImagesLive } from "./ImagesLive.js"
 import { PROTOCOL_VERSION } from "../protocol/Messages.js"
@@ -28,8 +28,10 @@ export const FakeImages = Layer.succeed(Images, {
       initrd: "",
       rootDisk: ""
     }),
-  cloneRoot: (_image, target) =>
-    Effect.tryPromise({
+  // an empty root.raw: the fake guest keeps its state there (src/layers/FakeVmm.ts)
+  cloneRoot: (image, dir) => {
+    const target = sessionFile(dir, "rootDisk")
+    return Effect.tryPromise({
       try: () => fs.writeFile(target, "", { mode: 0o600, flag: "wx" }),
       catch: (cause) =>
         new DiskError({
@@ -37,7 +39,13 @@ export const FakeImages = Layer.succeed(Images, {
           reason: "create",
           message: `cannot create ${target}: ${String(cause)}`
         })
-    })
+    }).pipe(
+      Effect.as({
+        file: target,
+        info: { format: "raw", kind: "copy", backing: image.identity.digest } as const
+      })
+    )
+  }
 })
 
 const backends = Layer.unwrapEffect(

@@ -140,7 +140,13 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       })
     })
 
-    return VmmBackend.of({ name: "qemu", arch, start, repoDiskFormat: "qcow2" } satisfies VmmBackendShape)
+    return VmmBackend.of({
+      name: "qemu",
+      arch,
+      start,
+      repoDiskFormat: "qcow2",
+      rootDiskFormat: "qcow2"
+    } satisfies VmmBackendShape)
   })
 
 /** The Linux VMM backend: QEMU (KVM when usable, else TCG) behind the abox-vmm helper. */

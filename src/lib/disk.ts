@@ -56,27 +56,20 @@ const isNoReflink = (cause: unknown): boolean => {
   return ["ENOTSUP", "EOPNOTSUPP", "EXDEV", "EINVAL", "ENOSYS", "ENOTTY", "EBADF", "EPERM"].includes(code)
 }
 
-/**
- * Clone a golden disk to `target` (mode 0600): an O(1) reflink where the filesystem has one
- * (btrfs, xfs, APFS), else a sparse-aware copy (`cp --reflink=auto --sparse=always` on Linux,
- * `cp -c` on macOS) after a free-space check. Never Node's COPYFILE_FICLONE fallback, which
- * fills holes. The clone is made under a temporary name and renamed into place.
- */
-export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, target: string) {
-  const sourceStat = yield* io(source, "stat", () => fs.stat(source))
-  const temp = path.join(
-    path.dirname(target),
-    `.${path.basename(target)}.tmp-${crypto.randomBytes(6).toString("hex")}`
-  )
-  const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+/** a temporary name beside `target`, renamed into place when the file is whole */
+const tempBeside = (target: string): string =>
+  path.join(path.dirname(target), `.${path.basename(target)}.tmp-${crypto.randomBytes(6).toString("hex")}`)
 
-  const reflinked = yield* Effect.tryPromise({
+/** an O(1) reflink of `source` at `temp`: true, or false where the filesystem has none (temp removed) */
+const reflinkTo = (source: string, temp: string, target: string) =>
+  Effect.tryPromise({
     try: () => fs.copyFile(source, temp, fsConstants.COPYFILE_FICLONE_FORCE),
     catch: (cause) => cause
   }).pipe(
     Effect.as(true),
-    Effect.catchAll((cause) =>
-      isNoReflink(cause)
+    Effect.catchAll((cause) => {
+      const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+      return isNoReflink(cause)
         ? cleanup.pipe(Effect.as(false))
         : cleanup.pipe(
             Effect.zipRight(
@@ -89,9 +82,33 @@ export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, 
               )
             )
           )
-    )
+    })
   )
 
+/**
+ * An O(1) reflink (clonefile) of `source` at `target` (mode 0600), or false where the filesystem
+ * cannot make one (nothing is left behind then).
+ */
+export const reflinkDisk = Effect.fn("disk.reflinkDisk")(function* (source: string, target: string) {
+  const temp = tempBeside(target)
+  const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+  if (!(yield* reflinkTo(source, temp, target))) return false
+  yield* io(temp, "chmod", () => fs.chmod(temp, 0o600)).pipe(Effect.tapError(() => cleanup))
+  yield* io(target, "rename", () => fs.rename(temp, target)).pipe(Effect.tapError(() => cleanup))
+  return true
+})
+
+/**
+ * Clone a golden disk to `target` (mode 0600): an O(1) reflink where the filesystem has one
+ * (btrfs, xfs, APFS), else a sparse-aware copy (`cp --reflink=auto --sparse=always` on Linux,
+ * `cp -c` on macOS) after a free-space check. Never Node's COPYFILE_FICLONE fallback, which
+ * fills holes. The clone is made under a temporary name and renamed into place.
+ */
+export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, target: string) {
+  const sourceStat = yield* io(source, "stat", () => fs.stat(source))
+  const temp = tempBeside(target)
+  const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+  const reflinked = yield* reflinkTo(source, temp, target)
   let method: CloneMethod = "reflink"
   if (!reflinked) {
     method = "sparse-copy"

@@ -281,7 +281,11 @@ export const registerImage = Effect.fn("images.register")(function* (
   return { dir: target, meta, isDefault: options.makeDefault } satisfies RegisteredImage
 })
 
-/** remove `name@digest`; refuses the default unless `force` (then the pointer goes too). Sessions are never touched. */
+/**
+ * remove `name@digest`; refuses the default unless `force` (then the pointer goes too). Sessions
+ * are never touched here: `abox image rm` (src/programs/image.ts) refuses, or makes the sessions
+ * that use the image standalone, first.
+ */
 export const removeImage = Effect.fn("images.remove")(function* (
   imagesDir: string,
   ref: string,

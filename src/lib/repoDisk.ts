@@ -93,7 +93,7 @@ const diskError = (file: string, reason: string, message: string) =>
   new DiskError({ path: file, reason, message })
 
 /** runs a tool to its end (killed if interrupted); stdout returned, stderr in the error */
-const runTool = (file: string, command: string, args: ReadonlyArray<string>, input?: string) =>
+export const runTool = (file: string, command: string, args: ReadonlyArray<string>, input?: string) =>
   Effect.async<string, DiskError>((resume) => {
     const child = spawn(command, args, {
       stdio: [input === undefined ? "ignore" : "pipe", "pipe", "pipe"],

@@ -32,14 +32,16 @@ const readText = (file: string) =>
 
 /**
  * Processes whose command line proves they are ours: a qemu-system-* or vfkit whose disk
- * argument is `<sessions>/<id>/root.raw`, and (its parent) an abox-vmm helper. Linux only:
+ * argument is `<sessions>/<id>/root.raw` (or `root.qcow2`), and (its parent) an abox-vmm helper. Linux only:
  * elsewhere there is no /proc and the scan finds nothing.
  */
 const findVmmProcesses = (sessionsDir: string) =>
   Effect.gen(function* () {
     const entries = yield* Effect.promise(() => fs.readdir("/proc").catch(() => [] as Array<string>))
     const found: Array<VmmProcess> = []
-    const marker = new RegExp(`${sessionsDir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/([0-9a-z]+)/root\\.raw`)
+    const marker = new RegExp(
+      `${sessionsDir.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}/([0-9a-z]+)/root\\.(?:raw|qcow2)`
+    )
     for (const entry of entries) {
       if (!/^\d+$/.test(entry)) continue
       const cmdline = yield* readText(`/proc/${entry}/cmdline`)
@@ -72,7 +74,8 @@ const exists = (file: string) =>
  * `abox gc`: what a crash can leave behind, and nothing a user made. Sockets of sessions whose
  * lock is free (no VM runs them), temp files of interrupted atomic writes, names bound to
  * sessions that are gone, and VMM processes (and their helpers) whose session directory is gone.
- * Sessions themselves are never removed.
+ * Sessions themselves are never removed, and neither is an image: a golden is the backing file
+ * of its sessions' overlays (`abox image rm` is the one way an image goes, docs/on-disk.md).
  */
 export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean }) {
   const store = yield* SessionStore

@@ -17,8 +17,17 @@ import { type ConfigInvalid, qemuAccel, readEnv } from "../lib/env.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { GuestArch } from "../domain/session.js"
-import { type AgentStart, IMAGE_NAME } from "../domain/image.js"
-import { listImages, registerImage, removeImage, sha256File } from "../lib/images.js"
+import {
+  type AgentStart,
+  IMAGE_NAME,
+  ImageInUse,
+  ImageNotFound,
+  type RegisteredImage
+} from "../domain/image.js"
+import { goldenOf, listImages, registerImage, removeImage, resolveImage, sha256File } from "../lib/images.js"
+import { makeStandalone, standaloneKernel } from "../lib/rootDisk.js"
+import { RuntimeLock } from "../services/RuntimeLock.js"
+import { SessionStore, type SessionListing } from "../services/SessionStore.js"
 import { IMAGE_FILES, sessionFile } from "../domain/sessionLayout.js"
 import { errorMessage } from "../domain/errorMessage.js"
 
@@ -268,12 +277,133 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   }).pipe(Effect.onError(() => removeStaging))
 })
 
-export const imageList = Effect.fn("image.list")(function* () {
-  const paths = yield* AboxPaths
-  return yield* listImages(paths.images)
+/** a session that needs an image: it boots the image's kernel, or its root disk backs onto the image's root.raw */
+export interface ImageUser {
+  readonly row: SessionListing & { readonly _tag: "Ok" }
+  /** it boots its own kernel already (a standalone session, or one a crash left half made) */
+  readonly ownKernel: boolean
+}
+
+/**
+ * The sessions (current and legacy home) that use `image`: recorded with its digest (or, for the
+ * default image, recorded with none: such a session resumes on the default), and not standalone
+ * (their own kernel and initrd beside them, and a root disk that is not an overlay of it).
+ */
+export const imageUsers = Effect.fn("image.users")(function* (image: RegisteredImage) {
+  const store = yield* SessionStore
+  const users: Array<ImageUser> = []
+  for (const row of yield* store.list()) {
+    if (row._tag !== "Ok") continue
+    const recorded = row.meta.image?.digest
+    if (recorded === undefined ? !image.isDefault : recorded !== image.meta.digest) continue
+    const ownKernel = (yield* standaloneKernel(row.dir)) !== undefined
+    if (ownKernel && row.meta.rootDisk?.kind !== "overlay") continue
+    users.push({ row, ownKernel })
+  }
+  return users
 })
 
-export const imageRemove = Effect.fn("image.rm")(function* (ref: string, force: boolean) {
+/** bytes a file occupies on disk (its allocated blocks), 0 if it cannot be read */
+const allocatedBytes = (file: string) =>
+  Effect.promise(() =>
+    fs.stat(file).then(
+      (s) => s.blocks * 512,
+      () => 0
+    )
+  )
+
+export interface ImageListing extends RegisteredImage {
+  /** sessions that use it (`imageUsers`) */
+  readonly sessions: number
+  /** what its golden root.raw occupies: shared by every session whose root disk is an overlay of it */
+  readonly sharedBytes: number
+}
+
+export const imageList = Effect.fn("image.list")(function* () {
   const paths = yield* AboxPaths
-  return yield* removeImage(paths.images, ref, force)
+  const listed = yield* listImages(paths.images)
+  const images = yield* Effect.forEach(listed.images, (image) =>
+    Effect.all({
+      sessions: Effect.map(imageUsers(image), (users) => users.length),
+      sharedBytes: allocatedBytes(goldenOf(image).rootDisk)
+    }).pipe(Effect.map((usage): ImageListing => ({ ...image, ...usage })))
+  )
+  return { ...listed, images }
+})
+
+const describeUsers = (users: ReadonlyArray<ImageUser>): string =>
+  users.map((user) => user.row.meta.name ?? user.row.id).join(", ")
+
+/**
+ * `abox image rm name@digest`: refused (`ImageInUse`, with the sessions) while any session uses
+ * the image, and for the default image unless `force`. With `force`, each such session is first
+ * made standalone (src/lib/rootDisk.ts `makeStandalone`: its kernel and initrd copied beside it,
+ * an overlay flattened, each step atomic) under its runtime lock; a running session, or one in
+ * the read-only legacy home, is refused. The image goes only when no session needs it any more.
+ */
+export const imageRemove = Effect.fn("image.rm")(function* (
+  ref: string,
+  force: boolean,
+  /** test hook: told between a session's standalone steps (`makeStandalone`) */
+  between?: (step: "kernel" | "disk") => Effect.Effect<void>
+) {
+  const paths = yield* AboxPaths
+  const store = yield* SessionStore
+  const lock = yield* RuntimeLock
+  if (!ref.includes("@")) {
+    return yield* new ImageNotFound({
+      ref,
+      message: `name the image as name@digest (see \`abox image list\`)`
+    })
+  }
+  const image = yield* resolveImage(paths.images, ref)
+  const shown = `${image.meta.name}@${image.meta.digest.slice(0, 12)}`
+  const users = yield* imageUsers(image)
+  if (users.length > 0 && !force) {
+    return yield* new ImageInUse({
+      ref,
+      sessions: users.map((user) => user.row.id),
+      message: `${shown} is used by ${users.length} session${users.length === 1 ? "" : "s"} (${describeUsers(users)}); removing it would leave them unbootable. --force makes each standalone first (its disk made self-contained, its kernel and initrd copied beside it)`
+    })
+  }
+  const legacy = users.filter((user) => user.row.legacy)
+  if (legacy.length > 0) {
+    return yield* new ImageInUse({
+      ref,
+      sessions: legacy.map((user) => user.row.id),
+      message: `${shown} is used by sessions in the legacy home, which abox does not write (${describeUsers(legacy)})`
+    })
+  }
+  const golden = goldenOf(image)
+  const standalone: Array<string> = []
+  for (const user of users) {
+    yield* Effect.scoped(
+      Effect.gen(function* () {
+        yield* lock.acquire(user.row).pipe(
+          Effect.catchTag("SessionBusy", () =>
+            Effect.fail(
+              new ImageInUse({
+                ref,
+                sessions: [user.row.id],
+                message: `${shown} is used by the running session ${describeUsers([user])}: stop it first${
+                  standalone.length > 0 ? ` (made standalone already: ${standalone.join(", ")})` : ""
+                }`
+              })
+            )
+          )
+        )
+        const meta = yield* store.get(user.row.id)
+        yield* makeStandalone(golden, user.row.dir, meta.rootDisk, between)
+        if (meta.rootDisk?.format === "qcow2") {
+          yield* store.update(user.row.id, (current) => ({
+            ...current,
+            rootDisk: { format: "qcow2", kind: "standalone", backing: image.meta.digest }
+          }))
+        }
+      })
+    )
+    standalone.push(user.row.id)
+  }
+  const removed = yield* removeImage(paths.images, ref, force)
+  return { image: removed, standalone }
 })

@@ -1,6 +1,8 @@
 import * as Effect from "effect/Effect"
 import * as fs from "node:fs/promises"
 import { diskUsageSync } from "../lib/diskUsage.js"
+import { sharedBytesSync } from "../lib/rootDisk.js"
+import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, type SessionListing } from "../services/SessionStore.js"
 import { SESSION_FILES, sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
@@ -39,8 +41,10 @@ export const sessionStatus = Effect.fn("sessionStatus")(function* (
 export type ListedSession = SessionListing & {
   readonly names: ReadonlyArray<string>
   readonly status: SessionStatus
-  /** bytes on disk (allocated: the sparse guest disk counts what it holds) */
+  /** bytes on disk (allocated: the sparse guest disk counts what it holds): the session's own */
   readonly bytes: number
+  /** the image's bytes its root disk backs onto (an overlay), shared with every such session */
+  readonly sharedBytes: number
 }
 
 /**
@@ -51,6 +55,7 @@ export type ListedSession = SessionListing & {
  */
 export const listSessions = Effect.fn("listSessions")(function* () {
   const store = yield* SessionStore
+  const paths = yield* AboxPaths
   const [rows, names] = yield* Effect.all([store.list(), store.listNames()], { concurrency: 2 })
   const namesOf = new Map<string, Array<string>>()
   for (const b of names) {
@@ -62,7 +67,9 @@ export const listSessions = Effect.fn("listSessions")(function* () {
     rows.map((row) => {
       let hasLockFile = false
       const bytes = diskUsageSync(row.dir, (entries) => (hasLockFile = entries.includes(SESSION_FILES.lock)))
-      return { bytes, hasLockFile }
+      const sharedBytes =
+        row._tag === "Ok" ? sharedBytesSync(paths.images, row.meta.image, row.meta.rootDisk) : 0
+      return { bytes, sharedBytes, hasLockFile }
     })
   )
   const locked = rows.filter((_, i) => usage[i]!.hasLockFile)
@@ -72,6 +79,7 @@ export const listSessions = Effect.fn("listSessions")(function* () {
     ...row,
     names: namesOf.get(row.id) ?? [],
     status: statusOf.get(row) ?? "stopped",
-    bytes: usage[i]!.bytes
+    bytes: usage[i]!.bytes,
+    sharedBytes: usage[i]!.sharedBytes
   }))
 })

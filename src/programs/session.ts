@@ -12,6 +12,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
+import { checkOverlay, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { consoleTail } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -168,7 +169,6 @@ const checkResources = (options: BootOptions) =>
   })
 
 export const sessionFiles = (dir: string) => ({
-  rootDisk: sessionFile(dir, "rootDisk"),
   configDisk: sessionFile(dir, "configDisk"),
   consoleLog: sessionFile(dir, "consoleLog"),
   // <dir>/rpc.sock, or a short path where that is too long for a unix socket (macOS: 104 bytes)
@@ -286,6 +286,7 @@ const boot = Effect.fn("session.boot")(function* (
   const rpc = yield* GuestRpc
   const httpsBroker = yield* HttpsBroker
   const files = sessionFiles(dir)
+  const root = sessionRootDisk(dir, meta.rootDisk)
 
   yield* phase(options, "config")
   const model = yield* modelAndPolicy(options.model ?? DEFAULT_MODEL, recordedPolicy)
@@ -329,7 +330,8 @@ const boot = Effect.fn("session.boot")(function* (
     arch: image.arch,
     kernel: image.kernel,
     initrd: image.initrd,
-    rootDisk: files.rootDisk,
+    rootDisk: root.file,
+    rootDiskFormat: root.format,
     configDisk: files.configDisk,
     rpcSocket: files.rpcSocket,
     consoleLog: files.consoleLog,
@@ -484,7 +486,9 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     Effect.gen(function* () {
       const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
-      yield* images.cloneRoot(image, sessionFiles(dir).rootDisk)
+      // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
+      const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
+      const made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
       // the snapshot as a disk built here (no per-file work in the guest), where the backend
       // attaches one and the tools are present; else a tar streamed in after the hello
       let disks: RepoDisks | undefined = undefined
@@ -494,7 +498,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
         disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
         if (disks !== undefined) yield* progress(true)
       }
-      const booted = yield* boot(meta, dir, image, held, options, policy, disks)
+      const booted = yield* boot(made, dir, image, held, options, policy, disks)
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
         yield* phase(options, "transfer")
         yield* progress(false)
@@ -518,7 +522,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
         yield* progress(true)
       }
       yield* phase(options, "ready")
-      return sessionFrom(meta, dir, booted, snapshot.skipped)
+      return sessionFrom(made, dir, booted, snapshot.skipped)
     }),
     store.remove(meta.id)
   )
@@ -527,7 +531,8 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
 /**
  * Resume(id | name): lock first (a concurrent resume fails `SessionBusy` before any config or
  * disk is touched) → session.json → compatibility with this host → config rewritten
- * (secretless, current model) → boot the existing root.raw → hello (too old → GuestTooOld).
+ * (secretless, current model) → `qemu-img check` of a qcow2 root → boot the existing root disk →
+ * hello (too old → GuestTooOld).
  * The source directory is never copied again; nothing is inferred from the current directory.
  */
 export const resume = Effect.fn("resume")(function* (ref: string, options: BootOptions = {}) {
@@ -548,9 +553,16 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         arch: hostArch(),
         backend: vmm.name
       })
-      const image = yield* images.resolve(
-        recorded.image !== undefined ? `${recorded.image.name}@${recorded.image.digest}` : undefined
-      )
+      // a standalone session (its image was removed with --force) boots its own kernel and initrd
+      const own = yield* standaloneKernel(session.dir)
+      const image =
+        own ??
+        (yield* images.resolve(
+          recorded.image !== undefined ? `${recorded.image.name}@${recorded.image.digest}` : undefined
+        ))
+      // a VM killed mid-write leaves at worst leaked clusters: reclaimed here; corruption refused
+      const root = sessionRootDisk(session.dir, recorded.rootDisk)
+      if (root.format === "qcow2") yield* checkOverlay(root.file)
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
       const now = yield* Clock.currentTimeMillis
       const meta = yield* store.update(id, (current) => ({

@@ -2,7 +2,7 @@ import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
 import { BrokerPolicy } from "../broker/policy.js"
-import { CloseOutcome, GuestArch, ImageIdentity, VmmBackendName } from "../domain/session.js"
+import { CloseOutcome, GuestArch, ImageIdentity, RootDiskInfo, VmmBackendName } from "../domain/session.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type { SessionLocation } from "../domain/sessionLayout.js"
 
@@ -20,6 +20,8 @@ export const SessionMeta = Schema.Struct({
   name: Schema.optional(Schema.String),
   model: Schema.String,
   image: Schema.optional(ImageIdentity),
+  /** the root disk's kind, format and backing image; absent: a full root.raw copy (older sessions) */
+  rootDisk: Schema.optional(RootDiskInfo),
   guest: Schema.optional(Schema.Struct({ arch: GuestArch, protocol: Schema.Number })),
   vmm: Schema.optional(Schema.Struct({ backend: VmmBackendName })),
   resources: Schema.optional(Schema.Struct({ cpus: Schema.Number, memoryMiB: Schema.Number })),

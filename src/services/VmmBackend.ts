@@ -2,7 +2,7 @@ import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import type { GuestArch, VmmBackendName } from "../domain/session.js"
-import type { RepoDiskFormat, VmHandle, VmmError, VmmUnavailable, VmSpec } from "../domain/vm.js"
+import type { DiskFormat, RepoDiskFormat, VmHandle, VmmError, VmmUnavailable, VmSpec } from "../domain/vm.js"
 
 /**
  * Starts a VM. The handle is scoped: its finalizer is the VMM half of Close (bounded wait for
@@ -15,6 +15,11 @@ export interface VmmBackendShape {
   readonly start: (spec: VmSpec) => Effect.Effect<VmHandle, VmmError | VmmUnavailable, Scope.Scope>
   /** the repository disk format this backend attaches; absent: none (the snapshot goes as a tar) */
   readonly repoDiskFormat?: RepoDiskFormat
+  /**
+   * qcow2: the backend attaches a qcow2 root, so Open makes it an overlay of the golden where
+   * the filesystem cannot reflink; absent or raw: a raw root (a reflink or a sparse copy)
+   */
+  readonly rootDiskFormat?: DiskFormat
 }
 
 export class VmmBackend extends Context.Tag("abox/VmmBackend")<VmmBackend, VmmBackendShape>() {}

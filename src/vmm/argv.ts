@@ -1,5 +1,5 @@
 import type { GuestArch } from "../domain/session.js"
-import type { RepoDisks } from "../domain/vm.js"
+import type { DiskFormat, RepoDisks } from "../domain/vm.js"
 
 export type Accel = "kvm" | "tcg" | "hvf"
 
@@ -9,6 +9,8 @@ export interface QemuArgvInput {
   readonly kernel: string
   readonly initrd: string
   readonly rootDisk: string
+  /** default raw; qcow2 for an overlay of the golden image */
+  readonly rootDiskFormat?: DiskFormat | undefined
   readonly configDisk: string
   readonly rpcSocket: string
   readonly qmpSocket: string
@@ -57,7 +59,8 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "-append",
     append,
     "-drive",
-    `file=${escapeOptionValue(input.rootDisk)},format=raw,if=virtio,cache=writeback`,
+    // discard=unmap: the guest's deletes (ext4 mounted with discard) free the host's blocks
+    `file=${escapeOptionValue(input.rootDisk)},format=${input.rootDiskFormat ?? "raw"},if=virtio,cache=writeback,discard=unmap`,
     "-drive",
     `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`,
     // the repository (writable: an overlay of the baseline) and the baseline (read-only), found
@@ -68,7 +71,7 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
       ? []
       : [
           "-drive",
-          `file=${escapeOptionValue(input.repoDisks.repo)},format=${input.repoDisks.repoFormat},if=none,id=repo,cache=writeback`,
+          `file=${escapeOptionValue(input.repoDisks.repo)},format=${input.repoDisks.repoFormat},if=none,id=repo,cache=writeback,discard=unmap`,
           "-device",
           "virtio-blk-pci,drive=repo,serial=abox-repo,addr=0x10",
           "-drive",
@@ -76,6 +79,9 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
           "-device",
           "virtio-blk-pci,drive=base,serial=abox-base,addr=0x11"
         ]),
+    // the guest gives freed memory back (its virtio_balloon driver reports free pages; QEMU drops them)
+    "-device",
+    "virtio-balloon-pci,free-page-reporting=on",
     "-device",
     "virtio-serial-pci",
     "-chardev",

@@ -7,7 +7,14 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import { hostArch } from "../../lib/arch.js"
 import type { RegisteredImage } from "../../domain/image.js"
-import { buildImage, type ImageBuildPhase, imageList, imageRemove } from "../../programs/image.js"
+import { formatBytes } from "../../lib/diskUsage.js"
+import {
+  buildImage,
+  type ImageBuildPhase,
+  type ImageListing,
+  imageList,
+  imageRemove
+} from "../../programs/image.js"
 import { stepDisplay } from "../progress.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { escapeControl } from "../../lib/text.js"
@@ -23,6 +30,10 @@ const row = (image: RegisteredImage) =>
       `kernel ${image.meta.kernel}  node ${image.meta.node}  agent ${short(image.meta.agent)}  protocol ${image.meta.protocol}  ${image.meta.created}`
   )
 
+/** `abox image list`: how many sessions use the image, and the golden's bytes they share */
+const usageOf = (image: ImageListing) =>
+  `  ${image.sessions} session${image.sessions === 1 ? "" : "s"}, ${formatBytes(image.sharedBytes)} shared`
+
 const rowJson = (image: RegisteredImage) => ({ ...image.meta, dir: image.dir, default: image.isDefault })
 
 const build = Command.make(
@@ -34,7 +45,9 @@ const build = Command.make(
     ),
     variant: Options.choice("variant", ["small", "full"]).pipe(
       Options.withDefault("small" as const),
-      Options.withDescription("small: busybox + node (default); full: the workstation (Debian: bash, git, curl, wget, make, gcc, python3, Node 24 with npm, …), what scripts/setup.sh builds")
+      Options.withDescription(
+        "small: busybox + node (default); full: the workstation (Debian: bash, git, curl, wget, make, gcc, python3, Node 24 with npm, …), what scripts/setup.sh builds"
+      )
     ),
     name: Options.text("name").pipe(
       Options.optional,
@@ -77,11 +90,20 @@ const list = Command.make("list", { json }, (args) =>
     Effect.gen(function* () {
       const { images, problems } = yield* imageList()
       if (args.json) {
-        yield* printJson({ images: images.map((image) => rowJson(image)), problems })
+        yield* printJson({
+          images: images.map((image) => ({
+            ...rowJson(image),
+            sessions: image.sessions,
+            sharedBytes: image.sharedBytes
+          })),
+          problems
+        })
         return
       }
       yield* Console.log(
-        images.length === 0 ? "no images (abox image build)" : images.map((image) => row(image)).join("\n")
+        images.length === 0
+          ? "no images (abox image build)"
+          : images.map((image) => row(image) + usageOf(image)).join("\n")
       )
       for (const problem of problems) yield* Console.error(`abox: skipped ${escapeControl(problem)}`)
     })
@@ -94,21 +116,31 @@ const rm = Command.make(
     ref: notAnOption(Args.text({ name: "name@digest" })).pipe(
       Args.withDescription("the image (a digest prefix of 8+ works)")
     ),
-    force: Options.boolean("force").pipe(Options.withDescription("remove even the default image")),
+    force: Options.boolean("force").pipe(
+      Options.withDescription(
+        "remove even the default image, or one that sessions use: each is made standalone first (its disk self-contained, its kernel and initrd kept with it)"
+      )
+    ),
     json
   },
   (args) =>
     edge({ json: args.json, scrub: false })(
       Effect.gen(function* () {
-        const image = yield* imageRemove(args.ref, args.force)
-        if (args.json) yield* printJson({ removed: [rowJson(image)] })
+        const { image, standalone } = yield* imageRemove(args.ref, args.force)
+        if (args.json) yield* printJson({ removed: [rowJson(image)], standalone })
         else
           yield* Console.log(
-            `removed ${escapeControl(`${image.meta.name}@${short(image.meta.digest)}`)} (sessions are untouched)`
+            standalone.length === 0
+              ? `removed ${escapeControl(`${image.meta.name}@${short(image.meta.digest)}`)} (no session used it)`
+              : `made ${standalone.length} session${standalone.length === 1 ? "" : "s"} standalone (${escapeControl(standalone.join(", "))}); removed ${escapeControl(`${image.meta.name}@${short(image.meta.digest)}`)}`
           )
       })
     )
-).pipe(Command.withDescription("remove a golden image (never a session). Example: abox image rm abox@3f2a…"))
+).pipe(
+  Command.withDescription(
+    "remove a golden image (never a session): refused while sessions use it, unless --force. Example: abox image rm abox@3f2a…"
+  )
+)
 
 export const image = Command.make("image").pipe(
   Command.withDescription("golden images: build, list, rm"),

@@ -27,26 +27,31 @@ const rowJson = (row: ListedSession) => {
     dir: row.dir,
     names: row.names,
     running: row.status === "running",
-    bytes: row.bytes
+    bytes: row.bytes,
+    sharedBytes: row.sharedBytes
   }
   return row._tag === "Ok"
     ? { ...common, status: "ok", meta: row.meta }
     : { ...common, status: "corrupt", ...errorJson(row.error) }
 }
 
-const HEADER = ["ID", "STATUS", "SIZE", "LAST CLOSE", "CREATED", "MODEL", "SOURCE"]
+const HEADER = ["ID", "STATUS", "SIZE", "SHARED", "LAST CLOSE", "CREATED", "MODEL", "SOURCE"]
+
+/** the image bytes a session's overlay backs onto, counted once per image however many use it */
+const sharedCell = (row: ListedSession): string => (row.sharedBytes > 0 ? formatBytes(row.sharedBytes) : "-")
 
 const rowCells = (row: ListedSession): ReadonlyArray<string> => {
   const tags = [row.legacy ? "legacy" : "", row.names.join(",")].filter((s) => s !== "")
   const suffix = tags.length > 0 ? `  [${tags.join("; ")}]` : ""
   const status = row.status === "running" ? "RUNNING" : "STOPPED"
   if (row._tag !== "Ok")
-    return [row.id, status, formatBytes(row.bytes), `CORRUPT: ${row.error.message}${suffix}`]
+    return [row.id, status, formatBytes(row.bytes), "-", `CORRUPT: ${row.error.message}${suffix}`]
   const last = row.status === "running" ? "-" : (row.meta.lastClose?.how ?? "never")
   return [
     row.id,
     status,
     formatBytes(row.bytes),
+    sharedCell(row),
     last,
     row.meta.created,
     row.meta.model,

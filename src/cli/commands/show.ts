@@ -3,7 +3,9 @@ import * as Command from "@effect/cli/Command"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
+import { describeRootDisk, sharedBytesSync } from "../../lib/rootDisk.js"
 import { sessionStatus } from "../../programs/list.js"
+import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { json } from "./list.js"
@@ -33,12 +35,32 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       const names = (yield* store.listNames()).filter((b) => b.sessionId === id).map((b) => b.name)
       const status = yield* sessionStatus(session)
       const bytes = yield* diskUsage(dir)
+      const paths = yield* AboxPaths
+      const sharedBytes = sharedBytesSync(paths.images, meta.image, meta.rootDisk)
       const running = status === "running"
-      if (args.json) return yield* printJson({ session: { id, dir, legacy, names, running, bytes, meta } })
+      if (args.json)
+        return yield* printJson({
+          session: {
+            id,
+            dir,
+            legacy,
+            names,
+            running,
+            bytes,
+            sharedBytes,
+            rootDisk: describeRootDisk(meta.rootDisk),
+            meta
+          }
+        })
       const lines: Array<[string, string | undefined]> = [
         ["id", id],
         ["status", running ? "RUNNING" : "STOPPED"],
-        ["disk", formatBytes(bytes)],
+        [
+          "disk",
+          formatBytes(bytes) +
+            (sharedBytes > 0 ? ` own, ${formatBytes(sharedBytes)} shared with its image` : "")
+        ],
+        ["root disk", describeRootDisk(meta.rootDisk)],
         ["names", names.join(", ") || undefined],
         ["dir", dir + (legacy ? " (legacy home: read-only)" : "")],
         ["created", meta.created],
