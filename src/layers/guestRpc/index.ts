@@ -48,7 +48,9 @@ export const GuestRpcLive = Layer.succeed(GuestRpc, {
         )
         // each attempt in a scope of its own: a dropped connection is released at once
         const scope = yield* Scope.fork(parent, ExecutionStrategy.sequential)
-        const exit = yield* Effect.exit(Scope.extend(connect(socket, { ...options, helloTimeout: left }), scope))
+        const exit = yield* Effect.exit(
+          Scope.extend(connect(socket, { ...options, helloTimeout: left }), scope)
+        )
         if (Exit.isSuccess(exit)) return exit.value
         yield* Scope.close(scope, exit)
         const failure = Cause.failureOption(exit.cause)
