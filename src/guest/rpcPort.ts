@@ -4,7 +4,8 @@
  *   (QEMU), else vsock port 1024 (Virtualization.framework).
  * - `unix:PATH`: a unix socket (FakeVmm: the host's rpc.sock).
  * - `/dev/vportNpM`: a virtio-serial port device.
- * - `vsock:PORT`: Node has no AF_VSOCK; the bytes go through `socat` (must be in the image).
+ * - `vsock:PORT`: Node has no AF_VSOCK; the bytes go through `socat` (must be in the image), the
+ *   connect retried until it succeeds (vfkit listens only once the VM is Running).
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
