@@ -6,6 +6,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
+import { stripTerminalControls } from "../lib/terminalText.js"
 import { findExecutable } from "../lib/executable.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
 import { GuestRpc } from "../services/GuestRpc.js"
@@ -319,7 +320,7 @@ export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonl
       const died = vm.exited.pipe(
         Effect.flatMap((exit) =>
           Effect.fail(
-            `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); ${earlyExitReport(files.consoleLog, vm.vmmLog, (line) => line.slice(0, 200))}`
+            `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); ${earlyExitReport(files.consoleLog, vm.vmmLog, (line) => stripTerminalControls(line).slice(0, 200))}`
           )
         )
       )
