@@ -132,8 +132,9 @@ install_busybox "$I"
 mkdir -p "$I/proc" "$I/sys" "$I/dev" "$I/newroot" "$I/lib/modules"
 MODDIR="$WORK/kernel/lib/modules/$KVER/kernel"
 # dependency order; the vsock transport (the RPC channel under vfkit) after the virtio core;
-# virtio_balloon gives freed guest memory back to the host (free page reporting, QEMU)
-MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_mmio virtio_blk virtio_console virtio_balloon vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport"
+# virtio_balloon gives freed guest memory back to the host (free page reporting, QEMU);
+# virtio-rng (file name with a dash) needs rng-core, built into Debian's cloud kernels
+MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_mmio virtio_blk virtio_console virtio_balloon virtio-rng vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport"
 for m in $MODULES; do
   ko=$(find "$MODDIR" -name "$m.ko" | head -n1)
   if [ -n "$ko" ]; then cp "$ko" "$I/lib/modules/"; fi

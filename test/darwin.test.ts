@@ -34,6 +34,10 @@ import { GuestRpc } from "../src/services/GuestRpc.js"
 import { type CloseBounds, type VmSpec } from "../src/domain/vm.js"
 import { VmmBackend } from "../src/services/VmmBackend.js"
 import { buildVfkitArgv, uncompressedKernel, vfkitGetState, vfkitSetState } from "../src/vmm/vfkit.js"
+import { earlyExitReport } from "../src/vmm/console.js"
+import { cloneDisk } from "../src/lib/disk.js"
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { alive } from "./support/processes.js"
 
 const root = path.resolve(__dirname, "..")
@@ -224,10 +228,41 @@ describe("kernel and REST client", () => {
 
 // ---- the layer, end to end against the fake vfkit ----
 
+/** an arm64 `Image` as vfkit recognises one: "ARMd" at 0x38 (pkg/vf/bootloader.go) */
+const fakeArm64Image = (): Buffer => {
+  const image = Buffer.alloc(4096, 0)
+  image.write("ARMd", 0x38, "latin1")
+  image.write("fake arm64 Image", 0x100, "latin1")
+  return image
+}
+
+/** a gzipped newc cpio holding `files` (what an initrd is) */
+export const newcCpio = (files: Record<string, string>): Buffer => {
+  const parts: Array<Buffer> = []
+  const pad = (n: number) => Buffer.alloc((4 - (n % 4)) % 4)
+  let ino = 1
+  const entry = (name: string, data: Buffer, mode: number) => {
+    const nameBytes = Buffer.from(name + "\0")
+    const hex = (n: number) => n.toString(16).padStart(8, "0")
+    const header =
+      "070701" + [ino++, mode, 0, 0, 1, 0, data.length, 0, 0, 0, 0, nameBytes.length, 0].map(hex).join("")
+    parts.push(Buffer.from(header, "latin1"), nameBytes, pad(110 + nameBytes.length), data, pad(data.length))
+  }
+  for (const [name, text] of Object.entries(files)) entry(name, Buffer.from(text), 0o100755)
+  entry("TRAILER!!!", Buffer.alloc(0), 0)
+  return zlib.gzipSync(Buffer.concat(parts))
+}
+
+/** the images' initrd /init (images/initrd-init.sh, modules as build-small.sh fills them in) */
+const initrdInit = fs
+  .readFileSync(path.join(root, "images", "initrd-init.sh"), "utf8")
+  .replace("@MODULES@", "virtio_ring virtio virtio_pci virtio_blk virtio_console virtio-rng vsock")
+
 const newSpec = (
   config: { readonly ignoreShutdown?: boolean } = {},
   bounds?: CloseBounds,
-  longDir = false
+  longDir = false,
+  init: string = initrdInit
 ): VmSpec => {
   let sessionDir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-vz-"))
   if (longDir) {
@@ -239,8 +274,10 @@ const newSpec = (
     encodeConfigDisk({ format: 1, sessionId: "vz", model: "m", ...config })
   )
   fs.writeFileSync(path.join(sessionDir, "root.raw"), "")
-  fs.writeFileSync(path.join(sessionDir, "vmlinuz"), zlib.gzipSync(Buffer.from("fake arm64 Image")))
-  fs.writeFileSync(path.join(sessionDir, "initrd.gz"), "")
+  fs.truncateSync(path.join(sessionDir, "root.raw"), 1024 * 1024)
+  // an older image: only the gzipped kernel (the backend decompresses it for vfkit)
+  fs.writeFileSync(path.join(sessionDir, "vmlinuz"), zlib.gzipSync(fakeArm64Image()))
+  fs.writeFileSync(path.join(sessionDir, "initrd.gz"), newcCpio({ init }))
   return {
     sessionId: path.basename(sessionDir),
     sessionDir,
@@ -319,10 +356,21 @@ describe("DarwinVmm (vz) against a fake vfkit", () => {
         expect(argv).toContain(`unix://${path.join(spec.sessionDir, "vfkit.sock")}`)
         // the gzipped kernel was handed over decompressed
         expect(argv[argv.indexOf("--kernel") + 1]).toBe(`${spec.kernel}.Image`)
-        expect(log.some((e) => e.event === "vsock-connect")).toBe(true)
-        expect(log.map((e) => e.event)).not.toContain("signal")
+        const events = log.map((e) => e.event)
+        // vsock only once Running; the guest's connect before it was refused and retried
+        expect(events.indexOf("running")).toBeGreaterThan(-1)
+        expect(events.indexOf("vsock-connect")).toBeGreaterThan(events.indexOf("running"))
+        expect(events).not.toContain("signal")
         expect(alive(handle.vmmPid) || alive(handle.helperPid)).toBe(false)
-        expect(fs.readFileSync(spec.consoleLog, "utf8")).toContain("virtual machine is running")
+        // the guest's console: the agent's own lines, since /init reopened the console after
+        // loading virtio_console; vfkit's diagnostics are in vfkit.log, never in the console
+        const consoleText = fs.readFileSync(spec.consoleLog, "utf8")
+        expect(consoleText).toMatch(/abox-guest: vsock:1024: .*retrying/)
+        expect(consoleText).toMatch(/abox-guest: vsock:1024 connected after \d+ attempts/)
+        expect(consoleText).not.toContain("virtual machine is running")
+        expect(fs.readFileSync(path.join(spec.sessionDir, "vfkit.log"), "utf8")).toContain(
+          "virtual machine is running"
+        )
       }).pipe(Effect.provide(live(fakeVfkit))),
     60_000
   )
@@ -403,6 +451,81 @@ describe("DarwinVmm (vz) against a fake vfkit", () => {
         expect(log.find((e) => e.event === "signal")).toMatchObject({ signal: "SIGINT" })
         expect(alive(handle.vmmPid) || alive(handle.helperPid)).toBe(false)
       }).pipe(Effect.provide(live(stubbornVfkit, 300))),
+    60_000
+  )
+
+  it.live(
+    "what vfkit refuses (a disk size not a multiple of 512, a qcow2 disk, a kernel that is no arm64 Image) ends the VM with vfkit's own reason in the report",
+    () =>
+      Effect.gen(function* () {
+        const vmm = yield* VmmBackend
+        const refused = (spoil: (spec: VmSpec) => VmSpec | void) =>
+          Effect.scoped(
+            Effect.gen(function* () {
+              const base = newSpec()
+              const spec = spoil(base) ?? base
+              const handle = yield* vmm.start(spec)
+              const exit = yield* handle.exited
+              expect(exit.exitCode).toBe(1)
+              expect(handle.vmmLog).toBe(path.join(spec.sessionDir, "vfkit.log"))
+              return earlyExitReport(spec.consoleLog, handle.vmmLog, (line) => line)
+            })
+          )
+        const odd = yield* refused((spec) => fs.truncateSync(spec.rootDisk, 4 * 1024 * 1024 + 4))
+        expect(odd).toMatch(
+          /vfkit\.log ended: .*root\.raw: The disk image format is not recognized.*not a multiple of 512/
+        )
+        const qcow2 = yield* refused((spec) => {
+          const fd = fs.openSync(spec.rootDisk, "r+")
+          fs.writeSync(fd, Buffer.from([0x51, 0x46, 0x49, 0xfb]), 0, 4, 0)
+          fs.closeSync(fd)
+        })
+        expect(qcow2).toMatch(/qcow2 image/)
+        const kernel = yield* refused((spec) => {
+          // not gzip, so handed over as it is; a zboot or otherwise compressed kernel, no Image
+          fs.writeFileSync(spec.kernel, Buffer.alloc(4096, 7))
+        })
+        expect(kernel).toMatch(/kernel must be uncompressed, .*vmlinuz is a compressed file/)
+      }).pipe(
+        Effect.provide(
+          DarwinVmmLive({ platform: "darwin", arch: "aarch64", vfkit: fakeVfkit, helper: helperFromSource })
+        )
+      ),
+    60_000
+  )
+
+  it.live(
+    "a root disk cloned from a golden of an odd size boots (the clone is a whole MiB; vfkit refuses the odd size)",
+    () =>
+      Effect.gen(function* () {
+        const spec = newSpec()
+        const golden = path.join(spec.sessionDir, "golden.raw")
+        fs.writeFileSync(golden, "")
+        fs.truncateSync(golden, 8 * 1024 * 1024 + 1000)
+        fs.rmSync(spec.rootDisk)
+        yield* cloneDisk(golden, spec.rootDisk).pipe(
+          Effect.provide(NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer)))
+        )
+        const handle = yield* openTurnClose(spec)
+        expect(yield* handle.outcome).toMatchObject({ how: "graceful" })
+        expect(fakeLog(spec).find((e) => e.event === "disks-opened")).toBeDefined()
+      }).pipe(Effect.provide(live(fakeVfkit))),
+    60_000
+  )
+
+  it.live(
+    "an initrd whose /init does not reopen the console after its modules: the guest's output is lost",
+    () =>
+      Effect.gen(function* () {
+        // the images' /init before the console was reopened (what a Mac's console.log showed: nothing)
+        const old = initrdInit.replace(/\nif \{ : >\/dev\/console; \} 2>\/dev\/null; then\n[^]*?\nfi\n/, "\n")
+        expect(old).not.toContain("console ready")
+        const spec = newSpec({}, undefined, false, old)
+        const handle = yield* openTurnClose(spec)
+        expect(yield* handle.outcome).toMatchObject({ how: "graceful" })
+        expect(fakeLog(spec).find((e) => e.event === "console")).toMatchObject({ seen: false })
+        expect(fs.readFileSync(spec.consoleLog, "utf8")).not.toContain("abox-guest")
+      }).pipe(Effect.provide(live(fakeVfkit))),
     60_000
   )
 

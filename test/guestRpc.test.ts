@@ -99,6 +99,43 @@ describe("GuestRpcLive over a real unix socket", () => {
       }).pipe(provide)
   )
 
+  it.live(
+    "a connection that ends before its hello is dropped and the next one taken (vfkit: each guest connect is a new connection)",
+    () =>
+      Effect.gen(function* () {
+        const path = socketPath()
+        const { accept } = yield* listen(path)
+        // a guest connect whose bytes never came (vfkit dialled rpc.sock, the guest's side went)
+        const dead = net.connect(path)
+        yield* Effect.promise(() => new Promise<void>((resolve) => dead.once("connect", () => resolve())))
+        dead.end()
+        const acceptF = yield* Effect.fork(accept)
+        yield* realDelay(100)
+        const guestP = fakeGuest(path, () => undefined)
+        const conn = yield* Fiber.join(acceptF)
+        expect(conn.hello).toMatchObject({ type: "hello", protocol: 4 })
+        yield* Effect.promise(() => guestP)
+      }).pipe(Effect.scoped, provide)
+  )
+
+  it.scoped("connections that all end before a hello: GuestTimeout saying so (TestClock)", () =>
+    Effect.gen(function* () {
+      const path = socketPath()
+      const { accept } = yield* listen(path)
+      const fiber = yield* Effect.fork(Effect.scoped(accept))
+      for (let i = 0; i < 2; i++) {
+        const dead = net.connect(path)
+        yield* Effect.promise(() => new Promise<void>((resolve) => dead.once("connect", () => resolve())))
+        dead.destroy()
+      }
+      yield* realDelay(100)
+      yield* TestClock.adjust("5 seconds")
+      const error = yield* Fiber.join(fiber).pipe(Effect.flip)
+      expect(error).toMatchObject({ _tag: "GuestTimeout", waitingFor: "hello" })
+      expect(error.message).toMatch(/2 connections ended before a hello/)
+    }).pipe(provide)
+  )
+
   it.live("unlinks a stale socket file, refuses one that something listens on", () =>
     Effect.gen(function* () {
       const path = socketPath()

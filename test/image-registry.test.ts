@@ -188,6 +188,32 @@ describe("disks", () => {
     })
   )
 
+  it.effect(
+    "every disk made is a whole MiB (vfkit refuses a size not a multiple of 512): an odd golden's clone grows, its bytes kept",
+    () =>
+      Effect.gen(function* () {
+        const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-disk-"))
+        const src = path.join(dir, "golden.raw")
+        fs.writeFileSync(src, Buffer.from("odd-sized golden"))
+        fs.truncateSync(src, 3 * 1024 * 1024 + 4)
+        const clone = path.join(dir, "clone.raw")
+        yield* cloneDisk(src, clone).pipe(Effect.provide(Exec))
+        expect(fs.statSync(clone).size).toBe(4 * 1024 * 1024)
+        expect(
+          fs
+            .readFileSync(clone)
+            .subarray(0, 3 * 1024 * 1024 + 4)
+            .equals(fs.readFileSync(src))
+        ).toBe(true)
+        // the golden itself is left as it is
+        expect(fs.statSync(src).size).toBe(3 * 1024 * 1024 + 4)
+        const config = path.join(dir, "config.raw")
+        yield* writeConfigDisk(config, { format: 1, sessionId: "s1", model: "m".repeat(5000) })
+        expect(fs.statSync(config).size % 512).toBe(0)
+        fs.rmSync(dir, { recursive: true, force: true })
+      })
+  )
+
   it.effect("config.raw: written atomically with mode 0600 and decodes back", () =>
     Effect.gen(function* () {
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-disk-"))

@@ -119,6 +119,10 @@ describe("open → turn → close → resume (FakeVmm)", () => {
         if (Exit.isFailure(exit)) expect(JSON.stringify(exit.cause)).toContain("its console ended: boom")
         expect(Date.now() - started).toBeLessThan(15_000)
         expect(sessionDirs(home).filter((d) => !d.startsWith("."))).toEqual([])
+        // the VM's logs outlive the session directory, in failed-open/ (0600)
+        const kept = path.join(home, "failed-open", "console.log")
+        expect(fs.readFileSync(kept, "utf8")).toContain("boom")
+        expect(fs.statSync(kept).mode & 0o777).toBe(0o600)
         expect(
           yield* store.lookupName("doomed").pipe(
             Effect.flip,

@@ -126,6 +126,8 @@ describe("repository disks", () => {
         if (disks === undefined) return
         expect(fs.statSync(disks.base).blocks * 512).toBeLessThan(256 * 1024 * 1024)
         expect(fs.statSync(disks.base).mode & 0o777).toBe(0o400)
+        // a whole MiB (4 × (bytes + metadata) alone is a multiple of 4: vfkit refuses it)
+        expect(fs.statSync(disks.base).size % (1024 * 1024)).toBe(0)
         expect(execFileSync("qemu-img", ["info", disks.repo], { encoding: "utf8" })).toContain(
           "backing file: repo-base.raw"
         )

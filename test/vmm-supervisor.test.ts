@@ -13,7 +13,8 @@ import * as os from "node:os"
 import * as path from "node:path"
 import type { VmSpec } from "../src/domain/vm.js"
 import type { HelperSpec } from "../src/vmm/protocol.js"
-import { superviseHelper, type SupervisorOptions } from "../src/vmm/supervisor.js"
+import { processGone, superviseHelper, type SupervisorOptions } from "../src/vmm/supervisor.js"
+import { spawnSync } from "node:child_process"
 import { alive } from "./support/processes.js"
 
 type Behaviour =
@@ -232,4 +233,16 @@ describe.skipIf(process.platform !== "linux")("the helper supervisor, with stand
         fs.closeSync(lockFd)
       })
   )
+})
+
+describe("processGone: the VMM's end, seen from the supervisor", () => {
+  it("with /proc (Linux) and without one (macOS): a live process is there, an exited and reaped one gone", () => {
+    const child = spawnSync(process.execPath, ["-e", "0"])
+    expect(child.status).toBe(0)
+    const reaped = child.pid
+    for (const procDir of ["/proc", path.join(os.tmpdir(), "no-proc-here")]) {
+      expect(processGone(process.pid, procDir), procDir).toBe(false)
+      expect(processGone(reaped, procDir), procDir).toBe(true)
+    }
+  })
 })

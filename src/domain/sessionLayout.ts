@@ -15,6 +15,8 @@ export const HOME_FILES = {
   cache: "cache",
   /** detached supervisors' output, appended */
   supervisorLog: "supervisor.log",
+  /** the logs of the last Open that failed (console.log, vfkit.log), replaced by the next one */
+  failedOpen: "failed-open",
   /** the default HTTPS broker policy (written by the user; optional) */
   brokerPolicy: "broker.json",
   /** model catalog additions and overrides (written by the user; optional) */

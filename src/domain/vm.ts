@@ -71,6 +71,11 @@ export interface VmHandle {
   readonly exited: Effect.Effect<VmExit>
   /** the close outcome, once the scope's finalizer has run (for session.json) */
   readonly outcome: Effect.Effect<CloseOutcome>
+  /**
+   * the file holding the VMM's own output when it is not the guest console (vfkit.log: vfkit
+   * says there why a VM did not start, a configuration, kernel or entitlement error)
+   */
+  readonly vmmLog?: string | undefined
 }
 
 export class VmmError extends Schema.TaggedError<VmmError>()("VmmError", {

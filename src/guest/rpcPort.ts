@@ -4,7 +4,8 @@
  *   (QEMU), else vsock port 1024 (Virtualization.framework).
  * - `unix:PATH`: a unix socket (FakeVmm: the host's rpc.sock).
  * - `/dev/vportNpM`: a virtio-serial port device.
- * - `vsock:PORT`: Node has no AF_VSOCK; the bytes go through `socat` (must be in the image).
+ * - `vsock:PORT`: Node has no AF_VSOCK; the bytes go through `socat` (must be in the image), the
+ *   connect retried until it succeeds (vfkit listens only once the VM is Running).
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
@@ -62,20 +63,71 @@ const openDevice = async (device: string): Promise<Duplex> => {
   return duplex
 }
 
-const connectVsock = (port: number): Promise<Duplex> =>
+/**
+ * socat's notice (at `-d -d`) once its connect succeeded and it moves bytes (socat 1.7.4: `N
+ * starting data transfer loop with FDs [0,1] and [5,5]`). socat's start is not the connect: a
+ * connect refused (vfkit listens on the vsock port only once the VM is running) ends socat with
+ * an `E connect(...)` line and exit 1.
+ */
+const SOCAT_CONNECTED = "starting data transfer loop"
+
+/** one socat: its stream once connected, or why it ended first; rejects when socat cannot run */
+const socatOnce = (port: number): Promise<Duplex | string> =>
   new Promise((resolve, reject) => {
-    const child = spawn("socat", ["-", `VSOCK-CONNECT:${VSOCK_HOST_CID}:${port}`], {
-      stdio: ["pipe", "pipe", "inherit"]
+    const child = spawn("socat", ["-d", "-d", "-", `VSOCK-CONNECT:${VSOCK_HOST_CID}:${port}`], {
+      stdio: ["pipe", "pipe", "pipe"]
+    })
+    let connected = false
+    let lastError = ""
+    let pending = ""
+    child.stderr.setEncoding("utf8")
+    child.stderr.on("data", (chunk: string) => {
+      pending += chunk
+      let newline
+      while ((newline = pending.indexOf("\n")) !== -1) {
+        const line = pending.slice(0, newline)
+        pending = pending.slice(newline + 1)
+        if (/ [EF] /.test(line)) lastError = line.slice(line.search(/ [EF] /) + 3)
+        if (connected) {
+          // later warnings and errors of the bridge reach the console, its notices do not
+          if (/ [WEF] /.test(line)) process.stderr.write(`socat: ${line}\n`)
+        } else if (line.includes(SOCAT_CONNECTED)) {
+          connected = true
+          const duplex = Duplex.from({ readable: child.stdout, writable: child.stdin })
+          duplex.once("close", () => child.kill())
+          resolve(duplex)
+        }
+      }
     })
     child.once("error", (error) =>
       reject(new Error(`vsock:${port} needs socat in the image: ${error.message}`))
     )
-    child.once("spawn", () => {
-      const duplex = Duplex.from({ readable: child.stdout!, writable: child.stdin! })
-      duplex.once("close", () => child.kill())
-      resolve(duplex)
+    child.once("exit", (code, signal) => {
+      if (!connected) resolve(lastError !== "" ? lastError : `socat exited (${code ?? signal})`)
     })
   })
+
+/**
+ * vsock port `port` of the host, through socat, retried with backoff (50 ms doubling to 1 s)
+ * until a connect succeeds: vfkit exposes the port only after the VM reaches Running, which the
+ * guest's boot can beat. The host bounds the whole wait (its hello timeout) and stops the VM.
+ */
+export const connectVsock = async (
+  port: number,
+  log: (line: string) => void = (line) => void process.stderr.write(`abox-guest: ${line}\n`)
+): Promise<Duplex> => {
+  let delay = 50
+  for (let attempt = 1; ; attempt++) {
+    const result = await socatOnce(port)
+    if (typeof result !== "string") {
+      if (attempt > 1) log(`vsock:${port} connected after ${attempt} attempts`)
+      return result
+    }
+    if (attempt === 1 || attempt % 20 === 0) log(`vsock:${port}: ${result}; retrying`)
+    await new Promise((resolve) => setTimeout(resolve, delay))
+    delay = Math.min(1000, delay * 2)
+  }
+}
 
 export const openRpc = async (
   target: RpcTarget

@@ -28,6 +28,16 @@ const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
       new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
   })
 
+/**
+ * Every disk abox makes is a whole number of MiB: Virtualization.framework refuses an image whose
+ * size is not a multiple of 512 bytes ("The disk image format is not recognized"), and 1 MiB
+ * also suits every VMM's and file system's larger sector and cluster sizes.
+ */
+export const DISK_SIZE_ALIGN = 1024 * 1024
+
+/** `bytes` rounded up to a whole number of DISK_SIZE_ALIGN */
+export const alignDiskSize = (bytes: number): number => Math.ceil(bytes / DISK_SIZE_ALIGN) * DISK_SIZE_ALIGN
+
 /** free-space margin kept on top of what a copy needs: 64 MiB or 5 % of the image, whichever is larger */
 export const spaceMargin = (allocated: number): number =>
   Math.max(64 * 1024 * 1024, Math.ceil(allocated * 0.05))
@@ -132,6 +142,14 @@ export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, 
         message: `cp ${source} → ${target} exited ${exit}`
       })
     }
+  }
+  // a golden of an odd size (an older build, a --root-size in bytes) is grown to a whole MiB: the
+  // file system inside does not mind a larger device, and vfkit refuses the odd size
+  const copied = yield* io(temp, "stat", () => fs.stat(temp)).pipe(Effect.tapError(() => cleanup))
+  if (copied.size % DISK_SIZE_ALIGN !== 0) {
+    yield* io(temp, "truncate", () => fs.truncate(temp, alignDiskSize(copied.size))).pipe(
+      Effect.tapError(() => cleanup)
+    )
   }
   yield* io(temp, "chmod", () => fs.chmod(temp, 0o600)).pipe(Effect.tapError(() => cleanup))
   yield* io(target, "rename", () => fs.rename(temp, target)).pipe(Effect.tapError(() => cleanup))

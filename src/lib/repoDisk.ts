@@ -24,7 +24,7 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { DiskError } from "../domain/image.js"
 import type { RepoDiskFormat, RepoDisks } from "../domain/vm.js"
-import { checkFreeSpace } from "./disk.js"
+import { alignDiskSize, checkFreeSpace } from "./disk.js"
 import type { SourceScan } from "./snapshot.js"
 import { sessionFile } from "../domain/sessionLayout.js"
 import { findExecutable } from "./executable.js"
@@ -166,7 +166,8 @@ export const buildRepoDisks = Effect.fn("repoDisk.build")(function* (
   // the data, inode tables and directories, and the journal, with a margin; holes are not counted
   const metadata = (scan.files + scan.dirs) * 512 + 96 * 1024 * 1024
   yield* checkFreeSpace(sessionDir, scan.allocated + metadata)
-  const size = Math.max(MIN_REPO_DISK_BYTES, 4 * (scan.bytes + metadata))
+  // a whole number of MiB: Virtualization.framework refuses a size that is not a multiple of 512
+  const size = alignDiskSize(Math.max(MIN_REPO_DISK_BYTES, 4 * (scan.bytes + metadata)))
   yield* Effect.tryPromise({
     try: async () => {
       const handle = await fs.open(files.base, "wx", 0o600)

@@ -1,6 +1,19 @@
+import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
+import * as Stream from "effect/Stream"
 import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { writeConfigDisk } from "../lib/disk.js"
+import { stripTerminalControls } from "../lib/terminalText.js"
+import { findExecutable } from "../lib/executable.js"
+import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
+import { GuestRpc } from "../services/GuestRpc.js"
+import { Images } from "../services/Images.js"
+import { VmmBackend } from "../services/VmmBackend.js"
+import { earlyExitReport } from "../vmm/console.js"
+import { uncompressedKernel } from "../vmm/vfkit.js"
 import { kvmUsable } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
 import { qemuBinary } from "../vmm/argv.js"
@@ -143,5 +156,245 @@ export const doctor = Effect.fn("doctor")(function* () {
         : "; no leftover secrets") +
       (report.problems.length > 0 ? `; ${report.problems.length} file(s) unreadable (abox scrub --json)` : "")
   })
+  return checks
+})
+
+// ---- abox doctor --boot ---------------------------------------------------------------------
+
+/** the line the initrd's /init writes once it has reopened the console (images/initrd-init.sh) */
+export const CONSOLE_READY = "abox-initrd: console ready"
+
+const readHead = (file: string, length: number) =>
+  Effect.tryPromise(async () => {
+    const handle = await fs.open(file, "r")
+    try {
+      const head = Buffer.alloc(length)
+      const { bytesRead } = await handle.read(head, 0, length, 0)
+      return head.subarray(0, bytesRead)
+    } finally {
+      await handle.close()
+    }
+  }).pipe(Effect.orElseSucceed(() => Buffer.alloc(0)))
+
+/** the kernel the backend boots, in the format its VMM needs (vfkit: an uncompressed arm64 Image) */
+const kernelCheck = (backend: string, kernel: string) =>
+  Effect.gen(function* () {
+    if (backend === "vz") {
+      const booted = yield* uncompressedKernel(kernel, os.tmpdir()).pipe(Effect.either)
+      if (booted._tag === "Left")
+        return { name: "kernel", status: "fail", detail: booted.left.message } as Check
+      const head = yield* readHead(booted.right, 0x40)
+      return head.subarray(0x38, 0x3c).toString("latin1") === "ARMd"
+        ? ({ name: "kernel", status: "ok", detail: `${booted.right}: an uncompressed arm64 Image` } as Check)
+        : ({
+            name: "kernel",
+            status: "fail",
+            detail: `${booted.right} has no arm64 Image magic at 0x38: vfkit refuses a compressed kernel (rebuild the image: docs/macos.md)`
+          } as Check)
+    }
+    const head = yield* readHead(kernel, 0x210)
+    return head.length > 0
+      ? ({ name: "kernel", status: "ok", detail: kernel } as Check)
+      : ({ name: "kernel", status: "fail", detail: `${kernel} cannot be read` } as Check)
+  })
+
+/** the signature vfkit needs on macOS: the com.apple.security.virtualization entitlement */
+const vfkitCheck = (wanted: string) =>
+  Effect.gen(function* () {
+    const found = findExecutable(wanted, ["/opt/homebrew/bin", "/usr/local/bin"])
+    if (found === undefined)
+      return {
+        name: "vfkit",
+        status: "fail",
+        detail: `${wanted} not found: brew install vfkit (docs/macos.md)`
+      } as Check
+    const version = (yield* probe(found, ["--version"])) ?? "version unknown"
+    if (process.platform !== "darwin")
+      return {
+        name: "vfkit",
+        status: "ok",
+        detail: `${found} (${version}; not macOS: signature not checked)`
+      } as Check
+    const entitlements = yield* Effect.async<string>((resume) => {
+      const child = execFile(
+        "codesign",
+        ["-d", "--entitlements", "-", "--xml", found],
+        { timeout: 10_000 },
+        (_error, stdout, stderr) => resume(Effect.succeed(`${stdout}${stderr}`))
+      )
+      return Effect.sync(() => child.kill())
+    })
+    return entitlements.includes("com.apple.security.virtualization")
+      ? ({
+          name: "vfkit",
+          status: "ok",
+          detail: `${found} (${version}), signed with the virtualization entitlement`
+        } as Check)
+      : ({
+          name: "vfkit",
+          status: "fail",
+          detail: `${found} (${version}) lacks the com.apple.security.virtualization entitlement: codesign --entitlements vf.entitlements -s - ${found}`
+        } as Check)
+  })
+
+/**
+ * `abox doctor --boot`: boots a throwaway VM of the default image on this host's backend and
+ * reports each step: the VMM (on macOS: vfkit found and signed), the kernel's format, the disks'
+ * alignment, the boot and the guest's hello (over vsock under vfkit), the entropy device, and
+ * whether the guest's console reached console.log. A failed boot keeps its directory (console.log,
+ * vfkit.log) and names it: what to send with a report (docs/macos.md).
+ */
+export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonly vfkit?: string } = {}) {
+  const vmm = yield* VmmBackend
+  const rpc = yield* GuestRpc
+  const images = yield* Images
+  const checks: Array<Check> = [{ name: "backend", status: "ok", detail: `${vmm.name} (${vmm.arch} guests)` }]
+  if (vmm.name === "vz") {
+    const vfkit = yield* vfkitCheck(options.vfkit ?? "vfkit")
+    checks.push(vfkit)
+    if (vfkit.status === "fail") return checks
+  }
+  const image = yield* images.resolve(undefined).pipe(Effect.either)
+  if (image._tag === "Left") {
+    checks.push({ name: "image", status: "fail", detail: image.left.message })
+    return checks
+  }
+  const golden = image.right
+  checks.push({
+    name: "image",
+    status: "ok",
+    detail: `${golden.identity.name}@${golden.identity.digest.slice(0, 12)}`
+  })
+  const kernel = yield* kernelCheck(vmm.name, golden.kernel)
+  checks.push(kernel)
+  if (kernel.status === "fail") return checks
+
+  const dir = yield* Effect.tryPromise(() => fs.mkdtemp(path.join(os.tmpdir(), "abox-doctor-"))).pipe(
+    Effect.orDie
+  )
+  const files = {
+    rootDisk: path.join(dir, "root.raw"),
+    configDisk: path.join(dir, "config.raw"),
+    consoleLog: path.join(dir, "console.log"),
+    rpcSocket: rpcSocketPath(dir, process.platform)
+  }
+  const booted = yield* Effect.scoped(
+    Effect.gen(function* () {
+      yield* images.cloneRoot(golden, files.rootDisk)
+      yield* writeConfigDisk(files.configDisk, { format: 1, sessionId: path.basename(dir), model: "doctor" })
+      const sizes = yield* Effect.tryPromise(() =>
+        Promise.all([files.rootDisk, files.configDisk].map((file) => fs.stat(file).then((s) => s.size)))
+      ).pipe(Effect.orElseSucceed(() => [] as Array<number>))
+      const odd = sizes.filter((size) => size % 512 !== 0)
+      checks.push(
+        sizes.length === 2 && odd.length === 0
+          ? {
+              name: "disks",
+              status: "ok",
+              detail: `root ${sizes[0]} bytes, config ${sizes[1]} bytes: whole 512-byte sectors`
+            }
+          : {
+              name: "disks",
+              status: "fail",
+              detail: `a disk size is not a multiple of 512 (${sizes.join(", ")}): vfkit refuses it`
+            }
+      )
+      yield* ensureSocketDir(files.rpcSocket).pipe(Effect.orDie)
+      const listener = yield* rpc.listen(files.rpcSocket, {
+        helloTimeout: "180 seconds",
+        shutdownTimeout: "15 seconds"
+      })
+      const started = Date.now()
+      const vm = yield* vmm.start({
+        sessionId: path.basename(dir),
+        sessionDir: dir,
+        arch: golden.arch,
+        kernel: golden.kernel,
+        initrd: golden.initrd,
+        ...files,
+        cpus: 1,
+        memoryMiB: 512,
+        lockFd: -1,
+        bounds: { graceful: "15 seconds", signalled: "5 seconds", killed: "5 seconds" }
+      })
+      const died = vm.exited.pipe(
+        Effect.flatMap((exit) =>
+          Effect.fail(
+            `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); ${earlyExitReport(files.consoleLog, vm.vmmLog, (line) => stripTerminalControls(line).slice(0, 200))}`
+          )
+        )
+      )
+      const connection = yield* Effect.raceFirst(
+        listener.accept.pipe(Effect.mapError((error) => error.message)),
+        died
+      )
+      const hello = connection.hello
+      checks.push({
+        name: "hello",
+        status: "ok",
+        detail: `${hello.build}, protocol ${hello.protocol}, ${hello.arch}, after ${((Date.now() - started) / 1000).toFixed(1)} s${vmm.name === "vz" ? " (over vsock port 1024)" : ""}`
+      })
+      const rng = yield* Stream.runCollect(connection.turn("cat /sys/class/misc/hw_random/rng_current")).pipe(
+        Effect.map((events) =>
+          Chunk.toReadonlyArray(events)
+            .map((e) => (e._tag === "Event" && e.event.kind === "stdout" ? e.event.data : ""))
+            .join("")
+            .trim()
+        ),
+        Effect.orElseSucceed(() => "")
+      )
+      // vfkit attaches a virtio-rng device (--device virtio-rng); the QEMU backend attaches none
+      checks.push(
+        rng.startsWith("virtio_rng")
+          ? { name: "entropy", status: "ok", detail: `the kernel's rng is ${rng}` }
+          : vmm.name !== "vz"
+            ? {
+                name: "entropy",
+                status: "ok",
+                detail: `the kernel's rng is ${rng || "unknown"} (the ${vmm.name} backend attaches no entropy device)`
+              }
+            : {
+                name: "entropy",
+                status: "warn",
+                detail: `the kernel's rng is ${rng || "unknown"}, not the virtio-rng device (an image built before its initrd loaded virtio-rng)`
+              }
+      )
+      return true
+    })
+  ).pipe(
+    Effect.catchAll((error) =>
+      Effect.sync(() => {
+        checks.push({
+          name: "boot",
+          status: "fail",
+          detail: typeof error === "string" ? error : error.message
+        })
+        return false
+      })
+    )
+  )
+  const consoleText = yield* Effect.tryPromise(() => fs.readFile(files.consoleLog, "utf8")).pipe(
+    Effect.orElseSucceed(() => "")
+  )
+  checks.push(
+    consoleText.includes(CONSOLE_READY)
+      ? {
+          name: "console",
+          status: "ok",
+          detail: `the guest's console reached console.log ("${CONSOLE_READY}")`
+        }
+      : {
+          name: "console",
+          status: booted ? "warn" : "fail",
+          detail: `no "${CONSOLE_READY}" in console.log: the guest's console is lost (an image built before its initrd reopened the console, or no console device)`
+        }
+  )
+  if (booted) yield* Effect.tryPromise(() => fs.rm(dir, { recursive: true, force: true })).pipe(Effect.ignore)
+  else
+    checks.push({
+      name: "logs",
+      status: "warn",
+      detail: `kept in ${dir} (console.log${vmm.name === "vz" ? ", vfkit.log" : ""}): send them with a report`
+    })
   return checks
 })

@@ -10,11 +10,12 @@ import * as Stream from "effect/Stream"
 import * as Schema from "effect/Schema"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
+import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { checkOverlay, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
-import { consoleTail } from "../vmm/console.js"
+import { earlyExitReport } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
 import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
@@ -344,20 +345,18 @@ const boot = Effect.fn("session.boot")(function* (
   yield* Ref.set(vmRef, Option.some(vm))
 
   // A VM that dies before its hello is reported at once, not after the hello timeout.
-  // The console's last lines go into the message: a failed Open removes the session directory
-  // and its console.log with it.
+  // The last lines of its console and of the VMM's own log (vfkit.log) go into the message: a
+  // failed Open removes the session directory and both logs with it.
   const died = vm.exited.pipe(
     Effect.flatMap((exit) =>
       Effect.flatMap(
         Effect.sync(() =>
-          consoleTail(files.consoleLog, 5).map((line) => stripTerminalControls(line).slice(0, 200))
+          earlyExitReport(files.consoleLog, vm.vmmLog, (line) => stripTerminalControls(line).slice(0, 200))
         ),
-        (tail) =>
+        (report) =>
           Effect.fail(
             new GuestDisconnected({
-              message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal})${
-                tail.length > 0 ? `; its console ended: ${tail.join(" | ")}` : `; see ${files.consoleLog}`
-              }`
+              message: `the VM exited before the guest said hello (exit ${exit.exitCode ?? exit.signal}); ${report}`
             })
           )
       )
@@ -430,6 +429,33 @@ const transactional = <A, E, R, E2, R2>(
       )
     )
   })
+
+/**
+ * A failed Open removes its session directory: the VM's logs (the guest console, the VMM's own
+ * log) are kept first in `$ABOX_HOME/failed-open/`, replacing the previous failure's, so that
+ * why a VM did not start can still be read (and sent). Best effort: nothing here fails the undo.
+ */
+const keepFailedOpenLogs = (dir: string, keep: string) =>
+  Effect.tryPromise(async () => {
+    const logs = [sessionFile(dir, "consoleLog"), sessionFile(dir, "vfkitLog")]
+    const present = await Promise.all(
+      logs.map((file) =>
+        fs.stat(file).then(
+          (stat) => (stat.isFile() && stat.size > 0 ? file : undefined),
+          () => undefined
+        )
+      )
+    )
+    const found = present.filter((file): file is string => file !== undefined)
+    if (found.length === 0) return
+    await fs.rm(keep, { recursive: true, force: true })
+    await fs.mkdir(keep, { recursive: true, mode: 0o700 })
+    for (const file of found) {
+      const kept = path.join(keep, path.basename(file))
+      await fs.copyFile(file, kept)
+      await fs.chmod(kept, 0o600)
+    }
+  }).pipe(Effect.ignore)
 
 /**
  * Open: new id → lock → snapshot the source → clone golden → config → boot → hello →
@@ -524,7 +550,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
       yield* phase(options, "ready")
       return sessionFrom(made, dir, booted, snapshot.skipped)
     }),
-    store.remove(meta.id)
+    Effect.zipRight(keepFailedOpenLogs(dir, paths.homeFile("failedOpen")), store.remove(meta.id))
   )
 })
 

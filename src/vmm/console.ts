@@ -1,6 +1,7 @@
 // Raw node:fs: the console writer appends synchronously from a stream callback and rewrites
 // the file in place when it outgrows its bound; it runs inside the helper, outside any Effect.
 import * as fs from "node:fs"
+import * as path from "node:path"
 
 /**
  * console.log with a bound, kept across boots (a new boot appends after a marker line): bytes are
@@ -76,4 +77,26 @@ export const consoleTail = (file: string, n: number): Array<string> => {
   } catch {
     return []
   }
+}
+
+/**
+ * Why a VM that ended before its guest said hello ended, as far as its logs tell: the last lines
+ * of the guest console and, where the VMM keeps its own log apart (vfkit.log), of that log (under
+ * Virtualization.framework the console of a VM that failed to start is empty; vfkit's stderr
+ * holds the reason). `clean` makes each line safe to print.
+ */
+export const earlyExitReport = (
+  consoleLog: string,
+  vmmLog: string | undefined,
+  clean: (line: string) => string,
+  n = 5
+): string => {
+  const parts: Array<string> = []
+  const console = consoleTail(consoleLog, n).map(clean)
+  if (console.length > 0) parts.push(`its console ended: ${console.join(" | ")}`)
+  if (vmmLog !== undefined && vmmLog !== consoleLog) {
+    const own = consoleTail(vmmLog, n).map(clean)
+    if (own.length > 0) parts.push(`${path.basename(vmmLog)} ended: ${own.join(" | ")}`)
+  }
+  return parts.length > 0 ? parts.join("; ") : `its console (${consoleLog}) is empty`
 }

@@ -16,8 +16,8 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schedule from "effect/Schedule"
 // Raw node:child_process / node:fs: the helper needs an inherited liveness pipe (fd 3) and the
-// session's locked fd (fd 4), which @effect/platform's Command cannot pass; /proc is read to see
-// the VMM (not our child) go.
+// session's locked fd (fd 4), which @effect/platform's Command cannot pass; /proc is read (or,
+// without one, signal 0 sent) to see the VMM (not our child) go.
 import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -42,14 +42,24 @@ export const defaultHelper = (): Array<string> => {
   return [process.execPath, found]
 }
 
-/** a process that has exited (absent, or a zombie: its descriptors, the lock among them, are closed) */
-const processGone = (pid: number): boolean => {
+/**
+ * A process that has exited (absent, or a zombie: its descriptors, the lock among them, are
+ * closed). Where there is no /proc (macOS), signal 0 tells: the pid answers until it is reaped,
+ * so a resume right after a close never finds the lock still held by a VMM on its way out.
+ */
+export const processGone = (pid: number, procDir = "/proc"): boolean => {
   try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+    const stat = fs.readFileSync(path.join(procDir, String(pid), "stat"), "utf8")
     return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3) === "Z"
   } catch {
-    // no /proc entry: gone (or no /proc at all, as on macOS, where the helper's own reaping is all there is)
-    return true
+    if (fs.existsSync(path.join(procDir, "self"))) return true
+    try {
+      process.kill(pid, 0)
+      return false
+    } catch (error) {
+      // EPERM: there, and someone else's
+      return (error as NodeJS.ErrnoException).code !== "EPERM"
+    }
   }
 }
 
@@ -212,7 +222,8 @@ export const superviseHelper = Effect.fn("VmmSupervisor.start")(function* (optio
     helperPid: helper.pid ?? -1,
     vmmPid,
     exited: Deferred.await(exited),
-    outcome: Deferred.await(outcomeRef)
+    outcome: Deferred.await(outcomeRef),
+    ...(options.helperSpec.consoleLog !== vm.consoleLog ? { vmmLog: options.helperSpec.consoleLog } : {})
   }
   return handle
 })

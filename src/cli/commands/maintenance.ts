@@ -9,7 +9,8 @@ import * as path from "node:path"
 import { StringDecoder } from "node:string_decoder"
 import { BROKER_LOG_FILE, streamBrokerLog } from "../../broker/log.js"
 import { stripTerminalControls, terminalTextStripper } from "../../lib/terminalText.js"
-import { doctor } from "../../programs/doctor.js"
+import { doctor, doctorBoot } from "../../programs/doctor.js"
+import { vfkitExecutable } from "../../lib/env.js"
 import { sessionStatus } from "../../programs/list.js"
 import { gc } from "../../programs/gc.js"
 import { sessionFiles } from "../../programs/session.js"
@@ -185,10 +186,19 @@ export const gcCommand = Command.make(
   )
 )
 
-export const doctorCommand = Command.make("doctor", { json }, (args) =>
+const boot = Options.boolean("boot").pipe(
+  Options.withDescription(
+    "also boot a throwaway VM of the default image and report each step: VMM (vfkit found and signed), kernel format, disk alignment, hello, entropy, console"
+  )
+)
+
+export const doctorCommand = Command.make("doctor", { json, boot }, (args) =>
   edge({ json: args.json })(
     Effect.gen(function* () {
-      const checks = yield* doctor()
+      const checks = [
+        ...(yield* doctor()),
+        ...(args.boot ? yield* doctorBoot({ vfkit: yield* vfkitExecutable }) : [])
+      ]
       if (args.json) yield* printJson({ checks })
       else {
         const mark = { ok: "ok  ", warn: "warn", fail: "FAIL" } as const
@@ -199,6 +209,6 @@ export const doctorCommand = Command.make("doctor", { json }, (args) =>
   )
 ).pipe(
   Command.withDescription(
-    "check this host: VMM and accelerator, default image, broker policy, free space, secret scrubber. Example: abox doctor"
+    "check this host: VMM and accelerator, default image, broker policy, free space, secret scrubber; --boot boots a throwaway VM too. Example: abox doctor --boot"
   )
 )

@@ -3,6 +3,7 @@
  * handshake (hello, version check, ready), and the operations; the connection's scope ends with
  * Close's first step (shutdown), then the mux is destroyed.
  */
+import * as Data from "effect/Data"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -33,6 +34,15 @@ const CONTROL_BUFFER = 64
  */
 export const MAX_GUEST_CHANNELS = 512
 
+/**
+ * The connection ended before the guest's hello: under vfkit each guest connection to vsock port
+ * 1024 is a new connection to rpc.sock, and a guest whose connect it retries may leave one that
+ * never speaks. The listener takes the next connection (src/layers/guestRpc/index.ts).
+ */
+export class ClosedBeforeHello extends Data.TaggedError("ClosedBeforeHello")<{
+  readonly cause: GuestRpcError
+}> {}
+
 /** the version rule of protocol v4 (docs/protocol.md, "Versioning") */
 export const checkGuestProtocol = (hello: HelloMessage): Effect.Effect<void, GuestTooOld | GuestTooNew> => {
   if (hello.protocol < MIN_GUEST_PROTOCOL) {
@@ -61,9 +71,10 @@ const handshake = (
   link: MuxAdapter.HostMux,
   dispatcher: Dispatcher.Dispatcher,
   helloTimeout: Duration.DurationInput
-): Effect.Effect<HelloMessage, GuestRpcError> =>
+): Effect.Effect<HelloMessage, GuestRpcError | ClosedBeforeHello> =>
   Effect.gen(function* () {
     const hello = yield* Deferred.await(dispatcher.hello).pipe(
+      Effect.catchTag("GuestDisconnected", (cause) => Effect.fail(new ClosedBeforeHello({ cause }))),
       Effect.timeoutFail({
         duration: helloTimeout,
         onTimeout: () =>
@@ -94,7 +105,7 @@ const handshake = (
 export const connect = (
   socket: Duplex,
   options: GuestRpcOptions
-): Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> =>
+): Effect.Effect<GuestConnection, GuestRpcError | ClosedBeforeHello, Scope.Scope> =>
   Effect.gen(function* () {
     const link = yield* MuxAdapter.make(socket, {
       maxControlQueue: CONTROL_BUFFER,
