@@ -272,15 +272,16 @@ export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonl
   const dir = yield* Effect.tryPromise(() => fs.mkdtemp(path.join(os.tmpdir(), "abox-doctor-"))).pipe(
     Effect.orDie
   )
-  const files = {
-    rootDisk: path.join(dir, "root.raw"),
+  const paths = {
     configDisk: path.join(dir, "config.raw"),
     consoleLog: path.join(dir, "console.log"),
     rpcSocket: rpcSocketPath(dir, process.platform)
   }
   const booted = yield* Effect.scoped(
     Effect.gen(function* () {
-      yield* images.cloneRoot(golden, files.rootDisk)
+      // the root disk a session of this backend gets (a qcow2 overlay on QEMU, a raw clone under vz)
+      const root = yield* images.cloneRoot(golden, dir, vmm.rootDiskFormat === "qcow2")
+      const files = { ...paths, rootDisk: root.file, rootDiskFormat: root.info.format }
       yield* writeConfigDisk(files.configDisk, { format: 1, sessionId: path.basename(dir), model: "doctor" })
       const sizes = yield* Effect.tryPromise(() =>
         Promise.all([files.rootDisk, files.configDisk].map((file) => fs.stat(file).then((s) => s.size)))
@@ -291,7 +292,7 @@ export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonl
           ? {
               name: "disks",
               status: "ok",
-              detail: `root ${sizes[0]} bytes, config ${sizes[1]} bytes: whole 512-byte sectors`
+              detail: `root (${files.rootDiskFormat}) ${sizes[0]} bytes, config ${sizes[1]} bytes: whole 512-byte sectors`
             }
           : {
               name: "disks",
@@ -373,7 +374,7 @@ export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonl
       })
     )
   )
-  const consoleText = yield* Effect.tryPromise(() => fs.readFile(files.consoleLog, "utf8")).pipe(
+  const consoleText = yield* Effect.tryPromise(() => fs.readFile(paths.consoleLog, "utf8")).pipe(
     Effect.orElseSucceed(() => "")
   )
   checks.push(
