@@ -11,7 +11,7 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as http from "node:http"
 import * as https from "node:https"
-import { type Duplex, pipeline, type Transform } from "node:stream"
+import type { Duplex, Transform } from "node:stream"
 import * as tls from "node:tls"
 import * as zlib from "node:zlib"
 import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
@@ -465,9 +465,16 @@ const startTermination = (
             if (codings.length > 0) delete responseHeaders["content-encoding"]
             res.writeHead(status, statusMessage, responseHeaders)
             redactor = new SecretRedactor(needles)
-            pipeline([upstreamRes, ...(decoders as Array<Transform>), redactor, res], (error) => {
-              if (error) res.destroy()
-            })
+            // piped, not pipeline(): pipeline would destroy the guest's response (and its socket)
+            // under bytes still on their way
+            const stages: ReadonlyArray<Transform> = [...(decoders as Array<Transform>), redactor]
+            let from: NodeJS.ReadableStream = upstreamRes
+            for (const stage of stages) {
+              stage.on("error", () => res.destroy())
+              from = from.pipe(stage)
+            }
+            from.pipe(res)
+            upstreamRes.on("error", () => res.destroy())
           })
           upstream.on("error", (error: NodeJS.ErrnoException) => {
             // the guest has its whole answer: a connection retired under the rest of its body
