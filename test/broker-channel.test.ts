@@ -59,6 +59,28 @@ describe("channelDuplex (tunnel channel ↔ node Duplex)", () => {
       })
   )
 
+  it.scoped(
+    "destroyed right after a write it called back on (node's TLS after its last record): the bytes still go out, then the close",
+    () =>
+      Effect.gen(function* () {
+        const { channel, received, stats } = slowChannel()
+        const bridge = yield* channelDuplex(channel)
+        const last = Buffer.from("the end of a response, then close_notify")
+        yield* Effect.promise(
+          () =>
+            new Promise<void>((resolve) => {
+              bridge.duplex.write(Buffer.alloc(5000, 1))
+              bridge.duplex.write(last, () => {
+                bridge.duplex.destroy()
+                bridge.duplex.once("close", () => resolve())
+              })
+            })
+        )
+        expect(Buffer.concat(received).subarray(5000).equals(last)).toBe(true)
+        expect(stats().closedAt).toBe(5000 + last.length)
+      })
+  )
+
   it.scoped("a failed channel write destroys the duplex and fails later writes", () =>
     Effect.gen(function* () {
       const { channel } = slowChannel(1)

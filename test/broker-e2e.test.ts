@@ -963,7 +963,7 @@ describe("HttpsBroker credential hosts: framing and the placeholder", () => {
               expect(handshake).toBe("ok")
               const answer = yield* exchange(
                 socket,
-                `GET /hello HTTP/1.1\r\nHost: api.anthropic.com\r\nAuthorization: Bearer abox-placeholder\r\n\r\n`,
+                `GET /v1/reflect HTTP/1.1\r\nHost: api.anthropic.com\r\nAuthorization: Bearer abox-placeholder\r\n\r\n`,
                 responseComplete
               )
               socket.destroy()
@@ -1034,5 +1034,268 @@ describe("HttpsBroker credential hosts: framing and the placeholder", () => {
         )
       })
     )
+  )
+})
+
+/** `n` requests' responses through curl over one connection (curl fails on a framing error) */
+const curlReused = (env: Env, urls: ReadonlyArray<string>, extra: ReadonlyArray<string> = []) =>
+  Effect.promise(() =>
+    run("curl", [
+      "-sS",
+      "-i",
+      "--suppress-connect-headers",
+      "--max-time",
+      "20",
+      "--proxy",
+      `http://127.0.0.1:${env.proxy.port}`,
+      "--cacert",
+      env.caFile,
+      ...extra,
+      ...urls
+    ]).then(
+      ({ stdout, stderr }) => ({ stdout, stderr, ok: true }),
+      (error: { stdout?: string; stderr?: string }) => ({
+        stdout: error.stdout ?? "",
+        stderr: error.stderr ?? "",
+        ok: false
+      })
+    )
+  )
+
+/** the secret is in no session file (broker.log included) */
+const expectNoSecretOnDisk = (env: Env, secrets: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const files = yield* allFiles(env.fs, env.sessionDir)
+    expect(files.map((f) => path.basename(f))).toContain("broker.log")
+    for (const file of files) {
+      const bytes = Buffer.from(yield* env.fs.readFile(file))
+      for (const secret of secrets) expect(bytes.includes(Buffer.from(secret))).toBe(false)
+    }
+    const text = formatBrokerLog(yield* readBrokerLog(env.session.logPath))
+    for (const secret of secrets) expect(text).not.toContain(secret)
+  })
+
+const settled = (env: Env) =>
+  env.session.active.pipe(
+    Effect.repeat({ until: (n) => n === 0, schedule: Schedule.spaced("10 millis") }),
+    Effect.timeout("5 seconds")
+  )
+
+describe("HttpsBroker credential hosts: no secret flows back to the guest", () => {
+  it.live.skipIf(!hasCurl)(
+    "an upstream echoing the request's headers: the key comes back as the placeholder in the body, headers and status line, with framing kept",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const base = `https://${NAME}:${env.upstream.port}`
+          // length-framed, chunked, and written a few bytes per write (boundaries inside the key)
+          const queries = ["/reflect", "/reflect?chunked=1", "/reflect?split=3", "/reflect?split=1&chunked=1"]
+          const answer = yield* curlReused(
+            env,
+            queries.map((q) => `${base}${q}`)
+          )
+          expect(answer.stderr).toBe("")
+          expect(answer.ok).toBe(true)
+          expect(env.upstream.seen).toHaveLength(4)
+          for (const seen of env.upstream.seen) expect(seen.headers["x-api-key"]).toBe(env.secret)
+          // one connection carried the four (curl reused it: every response was framed right)
+          expect(new Set(env.upstream.seen.map((r) => r.connection)).size).toBe(1)
+          expect(answer.stdout).not.toContain(env.secret)
+          const responses = answer.stdout.split(/(?=^HTTP\/1\.1 )/m)
+          expect(responses).toHaveLength(4)
+          for (const response of responses) {
+            expect(response).toMatch(/^HTTP\/1\.1 200 OK abox-placeholder\r\n/)
+            expect(response.toLowerCase()).toContain("x-reflect-x-api-key: abox-placeholder\r\n")
+            const body = JSON.parse(response.slice(response.indexOf("\r\n\r\n") + 4)) as {
+              headers: Record<string, string>
+              reflected: Record<string, string>
+            }
+            expect(body.headers["x-api-key"]).toBe("abox-placeholder")
+            expect(body.reflected["x-api-key"]).toBe("abox-placeholder")
+          }
+          yield* settled(env)
+          const requests = (yield* env.logEntries).filter((e) => e.event === "request")
+          // status line, one header, two places in the body
+          expect(requests.map((e) => [e.status, e.credential, e.redacted, e.path])).toEqual(
+            queries.map(() => [200, true, 4, "/reflect"])
+          )
+          expect(formatBrokerLog(yield* readBrokerLog(env.session.logPath))).toContain(
+            "secret replaced in the response (4x)"
+          )
+          yield* expectNoSecretOnDisk(env, [env.secret])
+        })
+      )
+  )
+
+  it.live.skipIf(!hasCurl)(
+    "a coded response (gzip, br, deflate, whatever was asked) is decoded and searched; one the broker cannot decode is refused",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const base = `https://${NAME}:${env.upstream.port}`
+          for (const encoding of ["gzip", "br", "deflate"]) {
+            const answer = yield* curlReused(env, [`${base}/reflect?encoding=${encoding}`], ["--compressed"])
+            expect(answer.ok).toBe(true)
+            expect(answer.stdout).not.toContain(env.secret)
+            expect(answer.stdout.toLowerCase()).not.toContain("content-encoding")
+            expect(answer.stdout).toContain(`"x-api-key":"abox-placeholder"`)
+          }
+          // the broker asked for an uncoded body, whatever the client accepts
+          expect(env.upstream.seen.map((r) => r.headers["accept-encoding"])).toEqual([
+            "identity",
+            "identity",
+            "identity"
+          ])
+          const refused = yield* curlReused(env, [`${base}/reflect?encoding=compress`])
+          expect(refused.stdout).toMatch(/^HTTP\/1\.1 502/)
+          expect(refused.stdout).toContain("response-encoding-not-supported")
+          expect(refused.stdout).not.toContain(env.secret)
+          yield* settled(env)
+          const requests = (yield* env.logEntries).filter((e) => e.event === "request")
+          expect(requests.map((e) => [e.decision, e.status, e.reason, e.redacted])).toEqual([
+            ["allow", 200, undefined, 4],
+            ["allow", 200, undefined, 4],
+            ["allow", 200, undefined, 4],
+            ["deny", 502, "response-encoding-not-supported", undefined]
+          ])
+          yield* expectNoSecretOnDisk(env, [env.secret])
+        })
+      )
+  )
+
+  it.live(
+    "an event stream (SSE) is searched and still streams: an event reaches the guest before the next is sent",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup()
+          const host = `${NAME}:${env.upstream.port}`
+          const { socket } = yield* tlsThroughProxy(env, NAME)
+          const first = yield* exchange(
+            socket,
+            `GET /v1/sse HTTP/1.1\r\nHost: ${host}\r\nAccept: text/event-stream\r\n\r\n`,
+            (t) => t.includes(`"n":1`) && t.includes("\n\n", t.indexOf(`"n":1`)),
+            3000
+          )
+          // the upstream has not sent the second event yet: the first came through on its own
+          expect(first).toContain(`data: {"n":1,"key":"abox-placeholder"}\n\n`)
+          expect(first).not.toContain(`"n":2`)
+          const rest = yield* Effect.zipRight(
+            Effect.sync(() => env.upstream.releaseSse()),
+            exchange(socket, "", (t) => t.endsWith("0\r\n\r\n"), 3000)
+          )
+          expect(rest).toContain(`data: {"n":2,"key":"abox-placeholder"}\n\n`)
+          socket.destroy()
+          expect(first + rest).not.toContain(env.secret)
+          yield* settled(env)
+          const requests = (yield* env.logEntries).filter((e) => e.event === "request")
+          expect(requests.map((e) => [e.status, e.redacted, e.path])).toEqual([[200, 2, "/v1/sse"]])
+        })
+      )
+  )
+
+  it.live.skipIf(!hasCurl)("basic auth: neither the token nor its base64 form comes back", () =>
+    scoped(
+      Effect.gen(function* () {
+        const env = yield* setup({
+          policy: (port, envVar) => ({
+            format: 1,
+            allow: [{ host: NAME, ports: [port] }],
+            credentials: [
+              { host: NAME, header: "Authorization", basicUser: "x-access-token", fromEnv: envVar }
+            ],
+            resolve: { [NAME]: "127.0.0.1" }
+          })
+        })
+        const basic = Buffer.from(`x-access-token:${env.secret}`).toString("base64")
+        const answer = yield* curlReused(env, [`https://${NAME}:${env.upstream.port}/reflect?split=5`])
+        expect(answer.ok).toBe(true)
+        expect(env.upstream.seen.map((r) => r.headers["authorization"])).toEqual([`Basic ${basic}`])
+        expect(answer.stdout).not.toContain(basic)
+        expect(answer.stdout).not.toContain(env.secret)
+        expect(answer.stdout).toContain(`"authorization":"Basic abox-placeholder"`)
+        expect(answer.stdout.toLowerCase()).toContain("x-reflect-authorization: basic abox-placeholder\r\n")
+        yield* settled(env)
+        yield* expectNoSecretOnDisk(env, [env.secret, basic])
+      })
+    )
+  )
+})
+
+describe("HttpsBroker credential hosts: a rule's methods and paths", () => {
+  it.live(
+    "outside its methods and paths a request goes up without the credential (logged with its path); dot segments and escapes are outside",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          const env = yield* setup({
+            policy: (port, envVar) => ({
+              format: 1,
+              allow: [{ host: NAME, ports: [port] }],
+              credentials: [
+                { host: NAME, header: "x-api-key", fromEnv: envVar, methods: ["POST"], paths: ["/v1/"] }
+              ],
+              resolve: { [NAME]: "127.0.0.1" }
+            })
+          })
+          const host = `${NAME}:${env.upstream.port}`
+          const { socket } = yield* tlsThroughProxy(env, NAME)
+          const long = `/v1/${"a".repeat(2000)}`
+          const requests: ReadonlyArray<readonly [string, string]> = [
+            ["POST", "/v1/reflect?token=not-logged"],
+            ["GET", "/v1/reflect"],
+            ["POST", "/v2/reflect"],
+            ["POST", "/v1/../v2/reflect"],
+            ["POST", "/v1/%2e%2e/v2/reflect"],
+            ["POST", "/v1/..%2fv2/reflect"],
+            ["POST", "/v1\\..\\v2/reflect"],
+            ["POST", long]
+          ]
+          for (const [method, target] of requests) {
+            const answer = yield* exchange(
+              socket,
+              // the guest's own value for the credential header never goes up either
+              `${method} ${target} HTTP/1.1\r\nHost: ${host}\r\nx-api-key: guest-chosen\r\nContent-Length: 0\r\n\r\n`,
+              responseComplete
+            )
+            expect(answer).toMatch(/^HTTP\/1\.1 (200|404)/)
+          }
+          socket.destroy()
+          expect(env.upstream.seen.map((r) => [r.method, r.headers["x-api-key"]])).toEqual([
+            ["POST", env.secret],
+            ["GET", undefined],
+            ["POST", undefined],
+            ["POST", undefined],
+            ["POST", undefined],
+            ["POST", undefined],
+            ["POST", undefined],
+            ["POST", env.secret]
+          ])
+          yield* settled(env)
+          const logged = (yield* env.logEntries).filter((e) => e.event === "request")
+          expect(logged.map((e) => [e.decision, e.credential, e.reason])).toEqual([
+            ["allow", true, undefined],
+            ["allow", false, "credential-not-for-method"],
+            ["allow", false, "credential-not-for-path"],
+            ["allow", false, "credential-not-for-path"],
+            ["allow", false, "credential-not-for-path"],
+            ["allow", false, "credential-not-for-path"],
+            ["allow", false, "credential-not-for-path"],
+            ["allow", true, undefined]
+          ])
+          // the path without its query, cut at the log's field bound
+          expect(logged.slice(0, 7).map((e) => e.path)).toEqual(
+            requests.slice(0, 7).map(([, t]) => t.split("?")[0])
+          )
+          expect(logged[7]!.path).toBe(`${long.slice(0, 256)}…(${long.length} chars)`)
+          const text = formatBrokerLog(yield* readBrokerLog(env.session.logPath))
+          expect(text).toContain("POST  /v1/reflect  200  credential injected")
+          expect(text).toContain("(credential-not-for-method)")
+          expect(text).not.toContain("not-logged")
+          yield* expectNoSecretOnDisk(env, [env.secret])
+        })
+      )
   )
 })

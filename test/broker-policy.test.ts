@@ -5,6 +5,7 @@ import * as Schema from "effect/Schema"
 import {
   BrokerPolicy,
   credentialHeaderValue,
+  credentialOutside,
   decide,
   decodePolicy,
   decodePolicyJson,
@@ -34,13 +35,27 @@ describe("broker policy presets", () => {
         { host: "api.github.com", ports: [443] }
       ])
       expect(policy.credentials).toEqual([
-        { host: "api.anthropic.com", header: "x-api-key", fromEnv: "ANTHROPIC_API_KEY" },
-        { host: "api.openai.com", header: "Authorization", format: "Bearer {}", fromEnv: "OPENAI_API_KEY" },
+        {
+          host: "api.anthropic.com",
+          header: "x-api-key",
+          fromEnv: "ANTHROPIC_API_KEY",
+          methods: ["GET", "POST"],
+          paths: ["/v1/"]
+        },
+        {
+          host: "api.openai.com",
+          header: "Authorization",
+          format: "Bearer {}",
+          fromEnv: "OPENAI_API_KEY",
+          methods: ["GET", "POST"],
+          paths: ["/v1/"]
+        },
         {
           host: "github.com",
           header: "Authorization",
           basicUser: "x-access-token",
-          fromFile: "~/.config/gh-token"
+          fromFile: "~/.config/gh-token",
+          methods: ["GET", "POST"]
         },
         {
           host: "api.github.com",
@@ -113,6 +128,65 @@ describe("broker policy presets", () => {
       `Basic ${Buffer.from("x-access-token:ghp_x").toString("base64")}`
     )
     expect(credentialHeaderValue(api!, "ghp_x")).toBe("Bearer ghp_x")
+  })
+})
+
+describe("broker policy: a credential rule's methods and paths", () => {
+  it.effect("decode: upper-case methods, origin-form prefixes without query, escapes or dot segments", () =>
+    Effect.gen(function* () {
+      const rule = (extra: object) => ({
+        format: 1,
+        allow: [{ host: "api.example.com", ports: [443] }],
+        credentials: [{ host: "api.example.com", header: "x-api-key", fromEnv: "K", ...extra }]
+      })
+      const policy = yield* decodePolicy(rule({ methods: ["POST"], paths: ["/v1/", "/v2/models"] }))
+      expect(policy.credentials[0]).toMatchObject({ methods: ["POST"], paths: ["/v1/", "/v2/models"] })
+      const bad = (extra: object) => Either.isLeft(Schema.decodeUnknownEither(BrokerPolicy)(rule(extra)))
+      for (const extra of [
+        { methods: [] },
+        { methods: ["post"] },
+        { methods: ["PO ST"] },
+        { paths: [] },
+        { paths: ["v1/"] },
+        { paths: ["/v1/?x=1"] },
+        { paths: ["/v1/%2e%2e/"] },
+        { paths: ["/v1/../admin/"] },
+        { paths: ["/v1\\admin"] }
+      ])
+        expect(bad(extra)).toBe(true)
+      expect(bad({})).toBe(false)
+    })
+  )
+
+  it("which requests a rule's credential goes on", () => {
+    const rule = {
+      host: "api.example.com",
+      header: "x-api-key",
+      fromEnv: "K",
+      methods: ["GET", "POST"],
+      paths: ["/v1/"]
+    } as const
+    expect(credentialOutside(rule, "POST", "/v1/messages?beta=true")).toBeUndefined()
+    expect(credentialOutside(rule, "GET", "/v1/models")).toBeUndefined()
+    expect(credentialOutside(rule, "DELETE", "/v1/files/x")).toBe("method")
+    expect(credentialOutside(rule, "HEAD", "/")).toBe("method")
+    for (const target of [
+      "/",
+      "/v1",
+      "/v10/x",
+      "/admin?next=/v1/",
+      "/v1/../admin",
+      "/v1/./../admin",
+      "/v1/%2e%2e/admin",
+      "/v1/%2E./admin",
+      "/v1/..%2fadmin",
+      "/v1/x%5c..%5cadmin",
+      "/v1\\..\\admin",
+      "*"
+    ])
+      expect(credentialOutside(rule, "POST", target)).toBe("path")
+    // no lists: every method, every path
+    expect(credentialOutside({ host: "h", header: "x", fromEnv: "K" }, "PATCH", "/../x")).toBeUndefined()
   })
 })
 

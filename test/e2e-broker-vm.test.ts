@@ -31,15 +31,18 @@ const stdoutOf = (events: ReadonlyArray<TurnEvent>) =>
   events.map((e) => (e._tag === "Event" && e.event.kind === "stdout" ? e.event.data : "")).join("")
 
 /** node's HTTPS client through $HTTPS_PROXY (CONNECT), trusting the session CA via NODE_EXTRA_CA_CERTS */
-const fetchThroughProxy = (host: string, port: number, header: string) =>
+const fetchThroughProxy = (host: string, port: number, header: string, target = "/hello", whole = false) =>
   `node -e '
 const http = require("http"), https = require("https"), tls = require("tls")
 const proxy = new URL(process.env.HTTPS_PROXY)
 const req = http.request({ host: proxy.hostname, port: proxy.port, method: "CONNECT", path: "${host}:${port}" })
 req.on("connect", (res, socket) => {
   if (res.statusCode !== 200) { console.log("refused " + res.statusCode); process.exit(2) }
-  https.get({ host: "${host}", port: ${port}, path: "/hello", headers: { "${header}": process.env.ABOX_TEST_CANARY_KEY },
-    createConnection: () => tls.connect({ socket, servername: "${host}" }) }, (r) => r.pipe(process.stdout))
+  https.get({ host: "${host}", port: ${port}, path: "${target}", headers: { "${header}": process.env.ABOX_TEST_CANARY_KEY },
+    createConnection: () => tls.connect({ socket, servername: "${host}" }) }, (r) => {
+    ${whole ? `console.log(r.statusCode + " " + r.statusMessage + " " + JSON.stringify(r.headers))` : ""}
+    r.pipe(process.stdout)
+  })
 })
 req.end()'`
 
@@ -149,6 +152,20 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
               expect(stdoutOf(Array.from(yield* Stream.runCollect(session.turn(fetch))))).toBe(
                 "hello from upstream\n"
               )
+              // a server echoing the request's headers: what the guest reads holds the placeholder
+              const reflectedEvents = Array.from(
+                yield* Stream.runCollect(
+                  session.turn(
+                    fetchThroughProxy("api.test.local", upstream.port, "x-api-key", "/reflect?split=4", true)
+                  )
+                )
+              )
+              const reflected = stdoutOf(reflectedEvents)
+              const all = JSON.stringify(reflectedEvents.map((e) => (e._tag === "Event" ? e.event : e)))
+              expect(reflected, all).toMatch(/^200 OK abox-placeholder \{/)
+              expect(reflected, all).toContain(`"x-reflect-x-api-key":"abox-placeholder"`)
+              expect(reflected, all).toContain(`"reflected":{"x-api-key":"abox-placeholder"}`)
+              expect(all).not.toContain(canary)
               const attacks = stdoutOf(
                 Array.from(yield* Stream.runCollect(session.turn(attacksFromGuest(upstream.port))))
               )
@@ -171,6 +188,7 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
         // the smuggled request never reached attacker.example; no body carried the key
         expect(upstream.seen.map((r) => [r.url, r.headers["host"], r.headers["x-api-key"]])).toEqual([
           ["/hello", `api.test.local:${upstream.port}`, canary],
+          ["/reflect?split=4", `api.test.local:${upstream.port}`, canary],
           ["/echo", `api.test.local:${upstream.port}`, canary],
           ["/hello", `api.test.local:${upstream.port}`, canary],
           ["/hello", `api.test.local:${upstream.port}`, canary]

@@ -92,7 +92,15 @@ describe("the model catalog", () => {
   it("the broker rule: the provider's preset on its public API, the same header on another endpoint", () => {
     expect(brokerRulesFor(resolveModel(BUILTIN_CATALOG, "sonnet")!)).toEqual({
       allow: [{ host: "api.anthropic.com", ports: [443] }],
-      credentials: [{ host: "api.anthropic.com", header: "x-api-key", fromEnv: "ANTHROPIC_API_KEY" }]
+      credentials: [
+        {
+          host: "api.anthropic.com",
+          header: "x-api-key",
+          fromEnv: "ANTHROPIC_API_KEY",
+          methods: ["GET", "POST"],
+          paths: ["/v1/"]
+        }
+      ]
     })
     expect(
       brokerRulesFor({
@@ -104,8 +112,20 @@ describe("the model catalog", () => {
     ).toEqual({
       allow: [{ host: "gw.example.com", ports: [8443] }],
       credentials: [
-        { host: "gw.example.com", header: "Authorization", format: "Bearer {}", fromEnv: "GW_KEY" }
+        {
+          host: "gw.example.com",
+          header: "Authorization",
+          format: "Bearer {}",
+          fromEnv: "GW_KEY",
+          methods: ["GET", "POST"],
+          paths: ["/v1/"]
+        }
       ]
     })
+    // under the endpoint's own path; any path when it has none
+    const rule = (endpoint: string) =>
+      brokerRulesFor({ provider: "anthropic", id: "m", endpoint, hostVariable: "K" }).credentials[0]
+    expect(rule("https://gw.example.com/team/anthropic/")?.paths).toEqual(["/team/anthropic/"])
+    expect(rule("https://gw.example.com:8443")?.paths).toBeUndefined()
   })
 })

@@ -25,11 +25,12 @@ import {
   type BrokerPolicy,
   checkResolved,
   credentialHeaderValue,
+  credentialOutside,
   type CredentialRule,
   decide,
   decodePolicyJson
 } from "./policy.js"
-import { type RequestRecord, terminateTunnel } from "./terminate.js"
+import { type CredentialValue, type RequestRecord, terminateTunnel } from "./terminate.js"
 import type { TunnelRequest } from "../services/GuestRpc.js"
 import {
   BrokerError,
@@ -139,6 +140,15 @@ const closeReason = (state: TunnelState, exit: Exit.Exit<unknown, unknown>): { r
   }
 }
 
+/** the header value for a rule and a secret, and the forms of the secret it carries */
+const credentialValueFor = (rule: CredentialRule, secret: string): CredentialValue => {
+  const value = credentialHeaderValue(rule, secret)
+  return {
+    value,
+    secrets: rule.basicUser === undefined ? [secret] : [secret, value.slice("Basic ".length)]
+  }
+}
+
 export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
   Effect.gen(function* () {
     const fs = yield* FileSystem.FileSystem
@@ -150,8 +160,11 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
     const idleTimeoutMs = Duration.toMillis(options.idleTimeout ?? "10 minutes")
     const dialTimeout = options.dialTimeout ?? "10 seconds"
 
-    /** the secret for a rule, read now (never cached, never logged); undefined when unavailable */
-    const readCredential = (rule: CredentialRule): Effect.Effect<string | undefined> => {
+    /**
+     * the header value for a rule, read now (never cached, never logged), with the secrets it is
+     * made of (the secret; for basic auth also its base64 form); undefined when unavailable
+     */
+    const readCredential = (rule: CredentialRule): Effect.Effect<CredentialValue | undefined> => {
       const raw: Effect.Effect<string | undefined> =
         "fromEnv" in rule
           ? Config.redacted(rule.fromEnv).pipe(
@@ -168,7 +181,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         Effect.map((secret) =>
           secret === undefined || secret === "" || /[\r\n]/.test(secret)
             ? undefined
-            : credentialHeaderValue(rule, secret)
+            : credentialValueFor(rule, secret)
         )
       )
     }
@@ -385,7 +398,9 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
                       ...(record.status === undefined ? {} : { status: record.status }),
                       ...(record.droppedHeaders === undefined
                         ? {}
-                        : { droppedHeaders: record.droppedHeaders })
+                        : { droppedHeaders: record.droppedHeaders }),
+                      ...(record.path === undefined ? {} : { path: record.path }),
+                      ...(record.redacted === undefined ? {} : { redacted: record.redacted })
                     })
                   },
                   onDeny: (reason) => {
@@ -441,7 +456,14 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           host: route.host,
           port: route.port,
           secureContext: contextFor(route.host),
-          credential: { header: rule.header, value: readCredential(rule) },
+          credential: {
+            header: rule.header,
+            value: readCredential(rule),
+            outside: (method, target) => {
+              const why = credentialOutside(rule, method, target)
+              return why === undefined ? undefined : `credential-not-for-${why}`
+            }
+          },
           dial,
           dialTimeoutMs: Duration.toMillis(dialTimeout),
           upstreamContext,

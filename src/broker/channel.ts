@@ -12,6 +12,8 @@ const WRITE_BUFFER = 256 * 1024
 const MAX_BATCH = 64 * 1024
 /** bytes from the guest buffered before the reader waits */
 const READ_BUFFER = 256 * 1024
+/** how long a destroyed duplex waits for its last bytes to go out (a guest that stops reading) */
+const DESTROY_FLUSH_MS = 5_000
 
 /**
  * A tunnel's channel once accepted: the seam between the broker and the host protocol. Bytes
@@ -87,6 +89,11 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
     let closeRequested = false
     let blocked: ((error?: Error | null) => void) | undefined
     let finalCallback: ((error?: Error | null) => void) | undefined
+    /** a destroy without an error waits for the bytes already written (node called back on them) */
+    let destroyCallback: (() => void) | undefined
+    let aborted = false
+    /** a batch taken from `queued` is being written */
+    let writing = false
     const release = () => {
       const callback = blocked
       if (callback !== undefined && (writeError !== undefined || queuedBytes < WRITE_BUFFER)) {
@@ -119,11 +126,25 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
       },
       destroy(error, callback) {
         closeRequested = true
-        writerWake.signal()
         const wake = wakeReader
         wakeReader = undefined
         wake?.()
-        callback(error)
+        // node's TLS destroys its transport right after its last write (close_notify included),
+        // whose callback already ran: those bytes still go out before the channel closes
+        if (error === null && (queued.length > 0 || writing) && writeError === undefined) {
+          const timer = setTimeout(() => {
+            aborted = true
+            settleDestroy()
+          }, DESTROY_FLUSH_MS)
+          destroyCallback = () => {
+            clearTimeout(timer)
+            callback(null)
+          }
+        } else {
+          aborted = true
+          callback(error)
+        }
+        writerWake.signal()
       }
     })
 
@@ -150,16 +171,27 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
       finalCallback = undefined
       return Effect.as(closeChannel, done)
     }).pipe(
-      Effect.map((done) => done?.(writeError ?? null)),
+      Effect.map((done) => {
+        done?.(writeError ?? null)
+        settleDestroy()
+      }),
       Effect.uninterruptible
     )
+    const settleDestroy = () => {
+      const callback = destroyCallback
+      destroyCallback = undefined
+      callback?.()
+    }
 
     const writer: Effect.Effect<void> = Effect.gen(function* () {
       while (true) {
-        if (closeRequested || writeError !== undefined) return yield* finish
+        if (writeError !== undefined || aborted || (closeRequested && queued.length === 0))
+          return yield* finish
         if (queued.length > 0) {
           const { merged, size } = takeBatch()
+          writing = true
           const exit = yield* Effect.exit(channel.write(merged))
+          writing = false
           queuedBytes -= size
           if (Exit.isFailure(exit)) {
             writeError = new Error("tunnel channel closed")
@@ -200,7 +232,8 @@ export const channelDuplex = (channel: TunnelChannel): Effect.Effect<ChannelDupl
         Effect.zipRight(Fiber.interrupt(reader)),
         // a write still in flight is interrupted; the channel is closed either way
         Effect.zipRight(Fiber.interrupt(writerFiber)),
-        Effect.zipRight(closeChannel)
+        Effect.zipRight(closeChannel),
+        Effect.zipRight(Effect.sync(() => settleDestroy()))
       )
     )
     const closed = Effect.async<void>((resume) => {

@@ -41,6 +41,10 @@ export const BrokerLogEntry = Schema.Struct({
   durationMs: Schema.optional(Schema.Number),
   /** `request`: headers the guest sent with the placeholder in them, dropped (names only) */
   droppedHeaders: Schema.optional(Schema.Array(Schema.String)),
+  /** `request`: the request's path, without its query (cut, the guest's text: escaped on display) */
+  path: Schema.optional(Schema.String),
+  /** `request`: how many times a secret in the response was replaced with the placeholder */
+  redacted: Schema.optional(Schema.Number),
   /** `suppressed`: how many lines */
   count: Schema.optional(Schema.Number)
 })
@@ -171,6 +175,7 @@ export const openBrokerLog = (path: string, options: BrokerLogOptions = {}) =>
       host: cut(entry.host, maxField),
       ...(entry.reason === undefined ? {} : { reason: cut(entry.reason, maxField) }),
       ...(entry.method === undefined ? {} : { method: cut(entry.method, maxField) }),
+      ...(entry.path === undefined ? {} : { path: cut(entry.path, maxField) }),
       ...(entry.address === undefined ? {} : { address: cut(entry.address, maxField) })
     })
 
@@ -332,11 +337,14 @@ export const formatBrokerLogEntry = (e: BrokerLogEntry): string => {
   if (e.mode !== undefined) parts.push(e.mode)
   if (e.address !== undefined) parts.push(`via ${text(e.address)}`)
   if (e.method !== undefined) parts.push(text(e.method))
+  if (e.path !== undefined) parts.push(text(e.path))
   if (e.status !== undefined) parts.push(String(e.status))
   if (e.credential)
     parts.push(e.event === "close" ? "credential injected on requests" : "credential injected")
   if (e.droppedHeaders !== undefined && e.droppedHeaders.length > 0)
     parts.push(`placeholder dropped from ${e.droppedHeaders.map(text).join(", ")}`)
+  if (e.redacted !== undefined && e.redacted > 0)
+    parts.push(`secret replaced in the response (${e.redacted}x)`)
   if (e.bytesUp !== undefined || e.bytesDown !== undefined)
     parts.push(`up ${e.bytesUp ?? 0} B, down ${e.bytesDown ?? 0} B`)
   if (e.durationMs !== undefined) parts.push(`${e.durationMs} ms`)

@@ -37,13 +37,45 @@ const BasicUser = Schema.String.pipe(
   Schema.filter((s) => (s.length > 0 && !s.includes(":") && !/[\r\n]/.test(s)) || "a user name without ':'")
 )
 
+/** a `.` or `..` segment, plain or percent-encoded (`%2e`), or a backslash standing for `/` */
+const hasDotSegment = (path: string): boolean => {
+  const decoded = path.replace(/%2e/gi, ".")
+  return decoded.includes("\\") || decoded.split("/").some((segment) => segment === "." || segment === "..")
+}
+
+/** an HTTP method as a request line spells it (upper case: methods are case-sensitive) */
+const Method = Schema.String.pipe(
+  Schema.filter((s) => /^[A-Z]{1,32}$/.test(s) || `not an upper-case HTTP method: ${JSON.stringify(s)}`)
+)
+/** a path prefix: origin-form, without query, dot segments or percent-encoding */
+const PathPrefix = Schema.String.pipe(
+  Schema.filter(
+    (s) =>
+      (s.startsWith("/") &&
+        s.length <= 1024 &&
+        /^[A-Za-z0-9\-._~!$&'()*+,;=:@/]*$/.test(s) &&
+        !hasDotSegment(s)) ||
+      `not a path prefix (/…, no query, no dot segment, no %): ${JSON.stringify(s)}`
+  )
+)
+
+/**
+ * Where a rule's credential applies (docs/broker.md, "Method and path rules"): `methods`, and
+ * `paths` prefixes of the request's path. Absent: every method, every path.
+ */
+const scopeFields = {
+  methods: Schema.optional(Schema.Array(Method).pipe(Schema.minItems(1))),
+  paths: Schema.optional(Schema.Array(PathPrefix).pipe(Schema.minItems(1)))
+}
+
 export const CredentialRule = Schema.Union(
   Schema.Struct({
     host: HostName,
     header: HeaderName,
     fromEnv: EnvName,
     format: Schema.optional(HeaderFormat),
-    basicUser: Schema.optional(BasicUser)
+    basicUser: Schema.optional(BasicUser),
+    ...scopeFields
   }),
   Schema.Struct({
     host: HostName,
@@ -51,10 +83,29 @@ export const CredentialRule = Schema.Union(
     /** absolute, or `~/…` (the host user's home); read at request time, trailing newline dropped */
     fromFile: HostFile,
     format: Schema.optional(HeaderFormat),
-    basicUser: Schema.optional(BasicUser)
+    basicUser: Schema.optional(BasicUser),
+    ...scopeFields
   })
 )
 export type CredentialRule = typeof CredentialRule.Type
+
+/**
+ * Whether a rule's credential goes on a request (`method`, origin-form `target`): undefined when
+ * it does, else why not (`method`, `path`). The path is compared as sent, before the query, as a
+ * plain prefix; a path a server could read as another one (dot segments, an encoded `/`, `\`,
+ * `.` or `%`-escape of any kind) is outside every `paths` rule rather than guessed at.
+ */
+export const credentialOutside = (
+  rule: CredentialRule,
+  method: string,
+  target: string
+): "method" | "path" | undefined => {
+  if (rule.methods !== undefined && !rule.methods.includes(method)) return "method"
+  if (rule.paths === undefined) return undefined
+  const path = target.split("?", 1)[0]!.split("#", 1)[0]!
+  if (!path.startsWith("/") || path.includes("%") || path.includes("\\") || hasDotSegment(path)) return "path"
+  return rule.paths.some((prefix) => path.startsWith(prefix)) ? undefined : "path"
+}
 
 /** the header value for a secret: `format` applied, then basic auth when the rule names a user */
 export const credentialHeaderValue = (rule: CredentialRule, secret: string): string => {
@@ -86,11 +137,14 @@ export interface PolicyRules {
 /**
  * The rules a preset stands for (docs/broker.md, "Presets"): the API's host on 443, TLS-terminated,
  * with the header its official clients expect.
- * - `anthropic`: api.anthropic.com, `x-api-key: <key>`
- * - `openai`: api.openai.com, `Authorization: Bearer <key>`
- * - `github`: github.com (git over HTTPS: `Authorization: Basic base64(x-access-token:<token>)`)
- *   and api.github.com (`Authorization: Bearer <token>`)
+ * - `anthropic`: api.anthropic.com, `x-api-key: <key>`, on GET and POST under `/v1/`
+ * - `openai`: api.openai.com, `Authorization: Bearer <key>`, on GET and POST under `/v1/`
+ * - `github`: github.com (git over HTTPS: `Authorization: Basic base64(x-access-token:<token>)`,
+ *   GET and POST) and api.github.com (`Authorization: Bearer <token>`)
  */
+/** what the model clients call: the versioned API (`/v1/messages`, `/v1/responses`, `/v1/models`, …) */
+const MODEL_API_SCOPE = { methods: ["GET", "POST"], paths: ["/v1/"] } as const
+
 export const presetRules = (preset: PresetName, source: CredentialSource): PolicyRules => {
   const from = "fromEnv" in source ? { fromEnv: source.fromEnv } : { fromFile: source.fromFile }
   const https = (host: string): AllowRule => ({ host, ports: [443] })
@@ -98,18 +152,33 @@ export const presetRules = (preset: PresetName, source: CredentialSource): Polic
     case "anthropic":
       return {
         allow: [https("api.anthropic.com")],
-        credentials: [{ host: "api.anthropic.com", header: "x-api-key", ...from }]
+        credentials: [{ host: "api.anthropic.com", header: "x-api-key", ...from, ...MODEL_API_SCOPE }]
       }
     case "openai":
       return {
         allow: [https("api.openai.com")],
-        credentials: [{ host: "api.openai.com", header: "Authorization", format: "Bearer {}", ...from }]
+        credentials: [
+          {
+            host: "api.openai.com",
+            header: "Authorization",
+            format: "Bearer {}",
+            ...from,
+            ...MODEL_API_SCOPE
+          }
+        ]
       }
     case "github":
       return {
         allow: [https("github.com"), https("api.github.com")],
         credentials: [
-          { host: "github.com", header: "Authorization", basicUser: "x-access-token", ...from },
+          // git over smart HTTP: GET …/info/refs, POST …/git-upload-pack and …/git-receive-pack
+          {
+            host: "github.com",
+            header: "Authorization",
+            basicUser: "x-access-token",
+            ...from,
+            methods: ["GET", "POST"]
+          },
           { host: "api.github.com", header: "Authorization", format: "Bearer {}", ...from }
         ]
       }

@@ -11,10 +11,12 @@ import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as http from "node:http"
 import * as https from "node:https"
-import type { Duplex } from "node:stream"
+import type { Duplex, Transform } from "node:stream"
 import * as tls from "node:tls"
+import * as zlib from "node:zlib"
 import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { normalizeHost } from "./host.js"
+import { redactText, SecretRedactor, secretNeedles } from "./redact.js"
 import { errorMessage } from "../domain/errorMessage.js"
 
 export interface RequestRecord {
@@ -26,6 +28,17 @@ export interface RequestRecord {
   readonly credential: boolean
   /** headers dropped because they still carried the guest's placeholder (names, lower case) */
   readonly droppedHeaders?: ReadonlyArray<string>
+  /** the request's path (before the query), any secret in it replaced */
+  readonly path?: string
+  /** how many times a secret was replaced with the placeholder in the response (when it was) */
+  readonly redacted?: number
+}
+
+/** A credential as read for one request: the header's value and the secrets it is made of. */
+export interface CredentialValue {
+  readonly value: string
+  /** what must never reach the guest: the secret, and any encoding of it the header carries */
+  readonly secrets: ReadonlyArray<string>
 }
 
 export interface TerminateOptions {
@@ -34,8 +47,15 @@ export interface TerminateOptions {
   readonly port: number
   /** the leaf certificate for `host` from the session CA, as a TLS context (cached by the caller) */
   readonly secureContext: tls.SecureContext
-  /** header name and a reader for its value (run per request; undefined: not available) */
-  readonly credential: { readonly header: string; readonly value: Effect.Effect<string | undefined> }
+  /**
+   * header name, a reader for its value (run per request; undefined: not available), and where it
+   * applies: `outside(method, target)` says why it does not go on a request (undefined: it does)
+   */
+  readonly credential: {
+    readonly header: string
+    readonly value: Effect.Effect<CredentialValue | undefined>
+    readonly outside: (method: string, target: string) => string | undefined
+  }
   /** a TCP connection to the checked address (the broker resolved and checked it once) */
   readonly dial: () => Promise<Duplex>
   /** bound on dial + upstream TLS handshake */
@@ -108,6 +128,32 @@ const urlHasPlaceholder = (url: string): boolean => {
 
 const MAX_LOGGED_HEADERS = 8
 const MAX_LOGGED_HEADER_NAME = 64
+/** secrets remembered per tunnel (a secret file may change between requests) */
+const MAX_REMEMBERED_SECRETS = 8
+
+/** a decoder for one content coding, undefined for one the broker cannot decode */
+const decoderFor = (coding: string): Transform | undefined => {
+  switch (coding) {
+    case "gzip":
+    case "x-gzip":
+      return zlib.createGunzip()
+    case "deflate":
+      return zlib.createInflate()
+    case "br":
+      return zlib.createBrotliDecompress()
+    case "zstd": {
+      // node ≥ 22.15 has it; before, a zstd body is refused
+      const make = (zlib as { readonly createZstdDecompress?: () => Transform }).createZstdDecompress
+      return make === undefined ? undefined : make()
+    }
+    default:
+      return undefined
+  }
+}
+
+/** whether a response to `method` with `status` has a body */
+const responseHasBody = (method: string, status: number) =>
+  method !== "HEAD" && status !== 204 && status !== 304 && !(status >= 100 && status < 200)
 
 const plainResponse = (status: number, text: string) =>
   `HTTP/1.1 ${status} ${http.STATUS_CODES[status] ?? ""}\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(text) + 1}\r\nConnection: close\r\n\r\n${text}\n`
@@ -130,13 +176,14 @@ export const terminateTunnel = (
 ): Effect.Effect<void, TerminateFailed, Scope.Scope> =>
   Effect.gen(function* () {
     // node asks for the credential per request; a fiber of this scope reads it and answers
-    const asks = yield* Queue.unbounded<(value: string | undefined) => void>()
+    const asks = yield* Queue.unbounded<(value: CredentialValue | undefined) => void>()
     yield* Queue.take(asks).pipe(
       Effect.flatMap((answer) => Effect.map(options.credential.value, answer)),
       Effect.forever,
       Effect.forkScoped
     )
-    const credential = () => new Promise<string | undefined>((answer) => Queue.unsafeOffer(asks, answer))
+    const credential = () =>
+      new Promise<CredentialValue | undefined>((answer) => Queue.unsafeOffer(asks, answer))
     yield* Effect.acquireRelease(
       Effect.try({
         try: () => startTermination(guest, options, credential),
@@ -156,12 +203,21 @@ export const terminateTunnel = (
 const startTermination = (
   guest: Duplex,
   options: TerminateOptions,
-  credentialValue: () => Promise<string | undefined>
+  credentialValue: () => Promise<CredentialValue | undefined>
 ): (() => void) => {
   {
     const secureContext = options.secureContext
     const upstreamContext = options.upstreamContext
     const credentialHeader = options.credential.header.toLowerCase()
+    // every secret this tunnel's requests were sent with, kept out of every later response too
+    const remembered: Array<string> = []
+    const remember = (secrets: ReadonlyArray<string>) => {
+      for (const secret of secrets) {
+        if (remembered.includes(secret)) continue
+        remembered.push(secret)
+        if (remembered.length > MAX_REMEMBERED_SECRETS) remembered.shift()
+      }
+    }
     let denied = false
     const deny = (reason: string) => {
       if (denied) return
@@ -260,8 +316,19 @@ const startTermination = (
         if (!socket.destroyed) armHeadTimer(socket)
       })
       const method = req.method ?? "GET"
+      const target = req.url ?? ""
+      const pathOf = (needles: ReadonlyArray<Buffer>) => ({
+        path: redactText(target.split("?", 1)[0]!, needles).text
+      })
       const refuse = (status: number, reason: string) => {
-        options.onRequest({ method, status, decision: "deny", reason, credential: false })
+        options.onRequest({
+          method,
+          status,
+          decision: "deny",
+          reason,
+          credential: false,
+          ...pathOf(secretNeedles(remembered))
+        })
         res.writeHead(status, { "content-type": "text/plain", connection: "close" })
         res.end(`abox broker: ${reason}\n`)
       }
@@ -283,12 +350,18 @@ const startTermination = (
         return refuse(501, "transfer-encoding-not-supported")
       if (chunked && req.headers["content-length"] !== undefined) return refuse(400, "bad-framing")
 
+      // outside the rule's methods and paths the request goes up without the credential
+      const outside = options.credential.outside(method, target)
       credentialValue().then(
-        (secret) => {
-          if (secret === undefined) return refuse(502, "credential-unavailable")
+        (credential) => {
+          if (credential === undefined && outside === undefined) return refuse(502, "credential-unavailable")
+          if (credential !== undefined && outside === undefined) remember(credential.secrets)
+          const needles = secretNeedles([...remembered, ...(credential?.secrets ?? [])])
+          const logged = pathOf(needles)
+          // the guest's own value for the credential header never goes up, on any request
           const headers = forwardHeaders(req.rawHeaders, new Set([credentialHeader]))
           // the placeholder never leaves the host: a header still carrying it is dropped (the
-          // credential header itself was replaced above)
+          // credential header itself was dropped above, and set below when the rule applies)
           const droppedHeaders: Array<string> = []
           for (const [name, value] of Object.entries(headers)) {
             const values = Array.isArray(value) ? value : [value]
@@ -300,8 +373,10 @@ const startTermination = (
           }
           const dropped = droppedHeaders.length > 0 ? { droppedHeaders } : {}
           headers["host"] = req.headers.host!
-          headers[credentialHeader] = secret
+          if (outside === undefined) headers[credentialHeader] = credential!.value
           if (chunked) headers["transfer-encoding"] = "chunked"
+          // a response the broker must search is asked for uncoded (a coded one is decoded below)
+          if (needles.length > 0) headers["accept-encoding"] = "identity"
           const upstream = http.request({
             agent,
             method,
@@ -315,6 +390,7 @@ const startTermination = (
           let upstreamSocket: Duplex | undefined
           upstream.on("socket", (s: tls.TLSSocket) => {
             upstreamSocket = s
+            if (outside !== undefined) return
             if (!s.connecting && s.encrypted) sent = true
             else s.once("secureConnect", () => (sent = true))
           })
@@ -327,15 +403,78 @@ const startTermination = (
             req.resume()
           }
           let status: number | undefined
+          // secrets replaced in the response's head, and the body's replacer
+          let redactedInHead = 0
+          let redactor: SecretRedactor | undefined
+          const redacted = () => {
+            const n = redactedInHead + (redactor?.count ?? 0)
+            return n > 0 ? { redacted: n } : {}
+          }
           upstream.on("response", (upstreamRes) => {
             status = upstreamRes.statusCode ?? 502
-            const responseHeaders = forwardHeaders(upstreamRes.rawHeaders, new Set())
-            res.writeHead(status, upstreamRes.statusMessage, responseHeaders)
-            upstreamRes.pipe(res)
-            upstreamRes.on("error", () => res.destroy())
             upstreamRes.on("end", () => {
               if (!req.complete || !upstream.writableFinished) retire()
             })
+            // no secret flows back: status message, header names and values, body
+            const clean = (text: string) => {
+              const out = redactText(text, needles)
+              redactedInHead += out.count
+              return out.text
+            }
+            const rawHeaders = upstreamRes.rawHeaders.map((text) => clean(text))
+            const statusMessage = clean(upstreamRes.statusMessage ?? "")
+            const responseHeaders = forwardHeaders(rawHeaders, new Set())
+            if (needles.length === 0 || !responseHasBody(method, status)) {
+              res.writeHead(status, statusMessage, responseHeaders)
+              upstreamRes.pipe(res)
+              upstreamRes.on("error", () => res.destroy())
+              return
+            }
+            // (an empty body is empty in any coding)
+            const codings = (
+              upstreamRes.headers["content-length"] === "0"
+                ? ""
+                : (upstreamRes.headers["content-encoding"] ?? "")
+            )
+              .split(",")
+              .map((c) => c.trim().toLowerCase())
+              .filter((c) => c !== "" && c !== "identity")
+            const decoders = codings.reverse().map((coding) => decoderFor(coding))
+            if (decoders.some((d) => d === undefined)) {
+              // a body that cannot be searched is not passed on
+              const reason = "response-encoding-not-supported"
+              options.onRequest({
+                method,
+                status: 502,
+                decision: "deny",
+                reason,
+                credential: sent,
+                ...dropped,
+                ...logged
+              })
+              status = undefined
+              upstreamRes.resume()
+              retire()
+              res.writeHead(502, { "content-type": "text/plain", connection: "close" })
+              res.end(`abox broker: ${reason}\n`)
+              return
+            }
+            // the body's length changes with each replacement: it is re-framed (chunked, or
+            // closed-delimited for an HTTP/1.0 guest), and sent decoded
+            delete responseHeaders["content-length"]
+            if (codings.length > 0) delete responseHeaders["content-encoding"]
+            res.writeHead(status, statusMessage, responseHeaders)
+            redactor = new SecretRedactor(needles)
+            // piped, not pipeline(): pipeline would destroy the guest's response (and its socket)
+            // under bytes still on their way
+            const stages: ReadonlyArray<Transform> = [...(decoders as Array<Transform>), redactor]
+            let from: NodeJS.ReadableStream = upstreamRes
+            for (const stage of stages) {
+              stage.on("error", () => res.destroy())
+              from = from.pipe(stage)
+            }
+            from.pipe(res)
+            upstreamRes.on("error", () => res.destroy())
           })
           upstream.on("error", (error: NodeJS.ErrnoException) => {
             // the guest has its whole answer: a connection retired under the rest of its body
@@ -349,7 +488,8 @@ const startTermination = (
                 decision: "deny",
                 reason,
                 credential: sent,
-                ...dropped
+                ...dropped,
+                ...logged
               })
               res.writeHead(502, { "content-type": "text/plain", connection: "close" })
               res.end(`abox broker: ${reason}\n`)
@@ -364,9 +504,11 @@ const startTermination = (
                 method,
                 status,
                 decision: "allow",
-                reason: undefined,
                 credential: sent,
-                ...dropped
+                ...dropped,
+                ...logged,
+                reason: outside,
+                ...redacted()
               })
           })
           req.pipe(upstream)

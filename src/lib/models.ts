@@ -181,7 +181,13 @@ export const brokerRulesFor = (spec: ModelSpec): PolicyRules => {
   const presetHost = endpointHostPort(PROVIDER_ENDPOINTS[spec.provider]).host
   if (host === presetHost && port === 443) return preset
   const allow: ReadonlyArray<AllowRule> = [{ host, ports: [port] }]
-  const credentials: ReadonlyArray<CredentialRule> = preset.credentials.map((rule) => ({ ...rule, host }))
+  // the client calls paths under the endpoint's own: the key goes on those only (any path at "/")
+  const base = new URL(spec.endpoint).pathname.replace(/\/+$/, "")
+  const credentials: ReadonlyArray<CredentialRule> = preset.credentials.map(({ paths: _paths, ...rule }) => ({
+    ...rule,
+    host,
+    ...(base === "" ? {} : { paths: [`${base}/`] })
+  }))
   return { allow, credentials }
 }
 

@@ -7,6 +7,7 @@ import * as Stream from "effect/Stream"
 import * as https from "node:https"
 import type * as net from "node:net"
 import { Duplex } from "node:stream"
+import * as zlib from "node:zlib"
 import type { TunnelOpenResult } from "../../src/guest/connectProxy.js"
 import { makeSessionCa } from "../../src/broker/ca.js"
 import { GuestDisconnected, type TunnelRequest } from "../../src/services/GuestRpc.js"
@@ -106,13 +107,22 @@ export interface UpstreamRequest {
  * An HTTPS server on 127.0.0.1 for `name`, with a certificate from its own test CA, keep-alive,
  * answering whatever Host a request names (virtual hosts: a smuggled request for another name is
  * recorded under that name). Routes: `/hello` → "hello from upstream"; `/bytes?n=N` → N bytes;
- * anything else → 404. Records every request (headers and body) for assertions; never echoes a
- * header back.
+ * `…/reflect` → the request's headers echoed back (below); `…/sse` → an event stream echoing
+ * them, one event now, the next when `releaseSse()` is called; anything else → 404. Records every
+ * request (headers and body) for assertions.
+ *
+ * `/reflect` is a server that echoes request headers, as a hostile or careless upstream would:
+ * the header values in the body (JSON) and in response headers (`x-reflect-<name>`), the
+ * `x-api-key` value in the status message too. `?encoding=gzip|br|deflate|<other>` codes the
+ * body that way whatever the request's Accept-Encoding; `?split=N` writes the body N bytes per
+ * write, each on its own turn of the event loop (chunk boundaries inside the secret);
+ * `?chunked=1` sends no Content-Length.
  */
 export const startUpstream = async (name: string) => {
   const ca = await makeSessionCa({ commonName: "abox test upstream CA" })
   const leaf = ca.leaf(name)
   const seen: Array<UpstreamRequest> = []
+  const sseWaiting: Array<() => void> = []
   const chunk = Buffer.alloc(64 * 1024, 0x61)
   const server = https.createServer({ cert: leaf.certPem, key: leaf.keyPem, keepAlive: true }, (req, res) => {
     const record: UpstreamRequest = {
@@ -125,7 +135,46 @@ export const startUpstream = async (name: string) => {
     seen.push(record)
     const url = new URL(req.url ?? "/", "https://upstream")
     req.on("data", (chunk: Buffer) => (record.body += chunk.toString("latin1")))
-    if (url.pathname === "/hello") {
+    if (url.pathname.endsWith("/reflect")) {
+      const reflected = Object.fromEntries(
+        Object.entries(req.headers).filter(([name]) => name === "x-api-key" || name === "authorization")
+      )
+      const raw = Buffer.from(`${JSON.stringify({ headers: req.headers, reflected })}\n`, "utf8")
+      const encoding = url.searchParams.get("encoding")
+      const body =
+        encoding === "gzip"
+          ? zlib.gzipSync(raw)
+          : encoding === "br"
+            ? zlib.brotliCompressSync(raw)
+            : encoding === "deflate"
+              ? zlib.deflateSync(raw)
+              : raw
+      const headers: Record<string, string> = { "content-type": "application/json" }
+      for (const [name, value] of Object.entries(reflected)) headers[`x-reflect-${name}`] = String(value)
+      if (encoding !== null) headers["content-encoding"] = encoding
+      if (url.searchParams.get("chunked") === null) headers["content-length"] = String(body.length)
+      const key = req.headers["x-api-key"]
+      res.writeHead(200, typeof key === "string" ? `OK ${key}` : "OK", headers)
+      const split = Number(url.searchParams.get("split") ?? "0")
+      if (split <= 0) return void res.end(body)
+      let at = 0
+      const next = () => {
+        if (at >= body.length) return void res.end()
+        res.write(body.subarray(at, at + split))
+        at += split
+        setImmediate(next)
+      }
+      next()
+    } else if (url.pathname.endsWith("/sse")) {
+      res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" })
+      const event = (n: number) =>
+        `event: echo\ndata: ${JSON.stringify({ n, key: req.headers["x-api-key"] ?? null })}\n\n`
+      res.write(event(1))
+      sseWaiting.push(() => {
+        res.write(event(2))
+        res.end()
+      })
+    } else if (url.pathname === "/hello") {
       res.writeHead(200, { "content-type": "text/plain" })
       res.end("hello from upstream\n")
     } else if (url.pathname === "/bytes") {
@@ -152,6 +201,10 @@ export const startUpstream = async (name: string) => {
     port,
     caPem: ca.certPem,
     seen,
+    /** the open `/sse` streams send their second event and end */
+    releaseSse: () => {
+      for (const send of sseWaiting.splice(0)) send()
+    },
     close: () =>
       new Promise<void>((resolve) => {
         server.closeAllConnections()
