@@ -5,8 +5,9 @@
  *
  * - `shell`: `/bin/sh -c <command>` (git is used through it). Not named `bash`: @effect/ai-anthropic
  *   takes a tool of that name for Anthropic's provider-defined bash tool.
- * - `read_file` (a range of lines), `write_file`, `edit_file` (an exact replacement that must match
- *   once): file operations done with the agent's effective uid/gid switched to the owner's for
+ * - `read_file` (numbered lines, a range of them), `write_file`, `edit_file` (an exact replacement
+ *   that must match once, or every match with `replace_all`; only of a file read in this
+ *   conversation): file operations done with the agent's effective uid/gid switched to the owner's for
  *   the duration of one synchronous call, so the kernel checks them as the owner's own.
  * - `list_files`, `search`: ripgrep when the image has it, else find / grep.
  *
@@ -26,6 +27,7 @@ import * as Schema from "effect/Schema"
 import { GUEST_REPO_PATH } from "../agent.js"
 import type { TurnUser } from "../user.js"
 import { errorMessage } from "../../domain/errorMessage.js"
+import { DEFAULT_READ_LINES, numberedLines, ReadLedger, replaceText } from "./fileText.js"
 
 /** characters of tool output the model sees at most (half head, half tail) */
 export const DEFAULT_OUTPUT_CAP = 30_000
@@ -33,7 +35,6 @@ export const DEFAULT_SHELL_TIMEOUT_S = 120
 export const MAX_SHELL_TIMEOUT_S = 1800
 const FILE_TOOL_TIMEOUT = Duration.seconds(30)
 const READ_FILE_MAX_BYTES = 4 * 1024 * 1024
-const DEFAULT_READ_LINES = 2000
 
 /** what every tool returns to the model */
 export const ToolOutput = Schema.Struct({
@@ -62,7 +63,9 @@ export const ShellTool = Tool.make("shell", {
   success: ToolOutput
 })
 export const ReadFileTool = Tool.make("read_file", {
-  description: "Read a text file, optionally a range of lines (1-based).",
+  description:
+    "Read a text file, optionally a range of lines (1-based). Each line comes as its number, a tab, then the line " +
+    "(the number is not part of the file: leave it out of edit_file's strings).",
   parameters: {
     path: PathParam,
     offset: Schema.optional(Schema.Number).annotations({ description: "first line to read (1-based)" }),
@@ -79,8 +82,16 @@ export const WriteFileTool = Tool.make("write_file", {
 })
 export const EditFileTool = Tool.make("edit_file", {
   description:
-    "Replace an exact string in a file. old_string must occur exactly once (include enough context to make it unique).",
-  parameters: { path: PathParam, old_string: Schema.String, new_string: Schema.String },
+    "Replace an exact string in a file read with read_file in this conversation. old_string must occur exactly once " +
+    "(include enough context to make it unique), unless replace_all is set: then every occurrence is replaced.",
+  parameters: {
+    path: PathParam,
+    old_string: Schema.String,
+    new_string: Schema.String,
+    replace_all: Schema.optional(Schema.Boolean).annotations({
+      description: "replace every occurrence of old_string (default false: it must be unique)"
+    })
+  },
   success: ToolOutput
 })
 export const ListFilesTool = Tool.make("list_files", {
@@ -147,6 +158,8 @@ export interface ToolEnvironment {
   /** the turn environment (PATH, HOME, proxy variables, placeholders) */
   readonly env: Readonly<Record<string, string>>
   readonly outputCap?: number
+  /** the files read in this conversation (edit_file needs one); default: a new, empty one */
+  readonly ledger?: ReadLedger
 }
 
 /** signal a whole process group; ESRCH (already gone) is not an error */
@@ -327,6 +340,7 @@ const hasRipgrep = (env: Readonly<Record<string, string>>): boolean =>
 /** the toolkit's handlers over one environment; every result carries its time */
 export const makeHandlers = (tools: ToolEnvironment) => {
   const cap = tools.outputCap ?? DEFAULT_OUTPUT_CAP
+  const ledger = tools.ledger ?? new ReadLedger()
   const timed = (effect: Effect.Effect<Omit<ToolOutput, "durationMs">>): Effect.Effect<ToolOutput> =>
     Effect.gen(function* () {
       const started = yield* Clock.currentTimeMillis
@@ -338,14 +352,14 @@ export const makeHandlers = (tools: ToolEnvironment) => {
   const ok = (output: string) => ({ ...capText(output, cap), exitCode: null, isError: false })
   const inRepo = (
     requested: string,
-    operation: (absolute: string) => Omit<ToolOutput, "durationMs">
+    operation: (file: string, absolute: string) => Omit<ToolOutput, "durationMs">
   ): Effect.Effect<ToolOutput> =>
     timed(
       Effect.sync(() => {
         const resolved = resolveRepoPath(tools.repoDir, requested)
         if (!resolved.ok) return fail(`refused: ${resolved.reason}`)
         try {
-          return asOwner(tools.user, tools.repoDir, resolved.path, operation)
+          return asOwner(tools.user, tools.repoDir, resolved.path, (file) => operation(file, resolved.path))
         } catch (error) {
           return fail(errorMessage(error))
         }
@@ -394,44 +408,43 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         )
       ),
     read_file: ({ path: requested, offset, limit }) =>
-      inRepo(requested, (file) => {
+      inRepo(requested, (file, absolute) => {
         const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW)
         try {
           const buffer = Buffer.alloc(READ_FILE_MAX_BYTES + 1)
           const read = fs.readSync(fd, buffer, 0, buffer.length, 0)
           const text = buffer.subarray(0, Math.min(read, READ_FILE_MAX_BYTES)).toString("utf8")
-          const lines = text.split("\n")
-          const first = Math.max(1, Math.floor(offset ?? 1))
-          const count = Math.max(1, Math.floor(limit ?? DEFAULT_READ_LINES))
-          const slice = lines.slice(first - 1, first - 1 + count)
-          const more = first - 1 + count < lines.length
+          const lines = numberedLines(text, offset, limit)
+          if (!lines.ok) return fail(`${requested}: ${lines.reason}`)
+          ledger.add(absolute)
           const note =
-            (more ? `\n[lines ${first}-${first + slice.length - 1} of ${lines.length}]` : "") +
-            (read > READ_FILE_MAX_BYTES
+            read > READ_FILE_MAX_BYTES
               ? `\n[file larger than ${READ_FILE_MAX_BYTES} bytes; the rest was not read]`
-              : "")
-          return ok(slice.join("\n") + note)
+              : ""
+          return ok(lines.text + note)
         } finally {
           fs.closeSync(fd)
         }
       }),
     write_file: ({ path: requested, content }) =>
-      inRepo(requested, (file) => {
+      inRepo(requested, (file, absolute) => {
         fs.mkdirSync(path.dirname(file), { recursive: true })
         fs.writeFileSync(file, content, { flag: "w" })
+        // the model knows what it wrote: an edit of it needs no read first
+        ledger.add(absolute)
         return ok(`wrote ${Buffer.byteLength(content)} bytes to ${requested}`)
       }),
-    edit_file: ({ path: requested, old_string, new_string }) =>
-      inRepo(requested, (file) => {
-        if (old_string === "") return fail("old_string is empty; use write_file to create a file")
-        const text = fs.readFileSync(file, "utf8")
-        const first = text.indexOf(old_string)
-        if (first < 0) return fail(`old_string was not found in ${requested}`)
-        if (text.indexOf(old_string, first + 1) >= 0) {
-          return fail(`old_string occurs more than once in ${requested}; include more context`)
+    edit_file: ({ path: requested, old_string, new_string, replace_all }) =>
+      inRepo(requested, (file, absolute) => {
+        if (!ledger.has(absolute)) {
+          return fail(`refused: read ${requested} with read_file before editing it`)
         }
-        fs.writeFileSync(file, text.slice(0, first) + new_string + text.slice(first + old_string.length))
-        return ok(`edited ${requested}`)
+        const edited = replaceText(fs.readFileSync(file, "utf8"), old_string, new_string, replace_all === true)
+        if (!edited.ok) return fail(`${requested}: ${edited.reason}`)
+        fs.writeFileSync(file, edited.text)
+        return ok(
+          `edited ${requested}${edited.count === 1 ? "" : ` (${edited.count} occurrences replaced)`}`
+        )
       }),
     list_files: ({ path: requested }) => {
       const root = searchRoot(requested)
