@@ -86,7 +86,10 @@ describe("tools", () => {
       expect(past).toMatchObject({ isError: true, exitCode: null })
       expect(past.output).toBe("a.txt: offset 5 is past the end of the file (4 lines)")
       // numbers are right-aligned to the widest shown; a file without a final newline keeps its last line
-      fs.writeFileSync(path.join(dir, "ten.txt"), Array.from({ length: 12 }, (_, i) => `l${i + 1}`).join("\n"))
+      fs.writeFileSync(
+        path.join(dir, "ten.txt"),
+        Array.from({ length: 12 }, (_, i) => `l${i + 1}`).join("\n")
+      )
       expect((yield* h.read_file({ path: "ten.txt", offset: 9, limit: 4 })).output).toBe(
         " 9\tl9\n10\tl10\n11\tl11\n12\tl12"
       )
@@ -116,7 +119,8 @@ describe("tools", () => {
         "edited c.txt"
       )
       expect(
-        (yield* h.edit_file({ path: "c.txt", old_string: "= 1", new_string: "= 2", replace_all: true })).output
+        (yield* h.edit_file({ path: "c.txt", old_string: "= 1", new_string: "= 2", replace_all: true }))
+          .output
       ).toBe("edited c.txt")
       expect(fs.readFileSync(path.join(dir, "c.txt"), "utf8")).toBe("z = 2\nw = z + z\n")
       // none, with and without replace_all: an error, nothing written
@@ -131,43 +135,76 @@ describe("tools", () => {
     })
   )
 
-  it.live("edit_file refuses a file not read in this conversation; a read, a write or a restored read allows it", () =>
-    Effect.gen(function* () {
-      const dir = repo()
-      const h = handlersFor(dir)
-      const refused = yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })
-      expect(refused).toMatchObject({ isError: true, output: "refused: read a.txt with read_file before editing it" })
-      expect(fs.readFileSync(path.join(dir, "a.txt"), "utf8")).toBe("one\ntwo\nthree\nfour\n")
-      // a failed read (past the end) does not count
-      yield* h.read_file({ path: "a.txt", offset: 99 })
-      expect((yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })).isError).toBe(true)
-      // the same file under another spelling is the same file
-      yield* h.read_file({ path: "/work/repo/./a.txt", limit: 1 })
-      expect((yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })).isError).toBe(false)
-      // a file the model wrote itself
-      yield* h.write_file({ path: "new.txt", content: "n\n" })
-      expect((yield* h.edit_file({ path: "new.txt", old_string: "n", new_string: "m" })).isError).toBe(false)
+  it.live(
+    "edit_file refuses a file not read in this conversation; a read, a write or a restored read allows it",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const h = handlersFor(dir)
+        const refused = yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })
+        expect(refused).toMatchObject({
+          isError: true,
+          output: "refused: read a.txt with read_file before editing it"
+        })
+        expect(fs.readFileSync(path.join(dir, "a.txt"), "utf8")).toBe("one\ntwo\nthree\nfour\n")
+        // a failed read (past the end) does not count
+        yield* h.read_file({ path: "a.txt", offset: 99 })
+        expect((yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })).isError).toBe(true)
+        // the same file under another spelling is the same file
+        yield* h.read_file({ path: "/work/repo/./a.txt", limit: 1 })
+        expect((yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })).isError).toBe(
+          false
+        )
+        // a file the model wrote itself
+        yield* h.write_file({ path: "new.txt", content: "n\n" })
+        expect((yield* h.edit_file({ path: "new.txt", old_string: "n", new_string: "m" })).isError).toBe(
+          false
+        )
 
-      // a conversation restored from context.json: its successful reads and writes count
-      const messages = [
-        { role: "user", content: "go" },
-        {
-          role: "assistant",
-          content: [
-            { type: "tool-call", id: "r1", name: "read_file", params: { path: "a.txt" }, providerExecuted: false },
-            { type: "tool-call", id: "r2", name: "read_file", params: { path: "b.txt" }, providerExecuted: false }
-          ]
-        },
-        {
-          role: "tool",
-          content: [
-            { type: "tool-result", id: "r1", name: "read_file", result: { output: "1\tone", isError: false }, isFailure: false },
-            { type: "tool-result", id: "r2", name: "read_file", result: { output: "no such file", isError: true }, isFailure: false }
-          ]
-        }
-      ]
-      expect(pathsSeen(messages)).toEqual(["a.txt"])
-    })
+        // a conversation restored from context.json: its successful reads and writes count
+        const messages = [
+          { role: "user", content: "go" },
+          {
+            role: "assistant",
+            content: [
+              {
+                type: "tool-call",
+                id: "r1",
+                name: "read_file",
+                params: { path: "a.txt" },
+                providerExecuted: false
+              },
+              {
+                type: "tool-call",
+                id: "r2",
+                name: "read_file",
+                params: { path: "b.txt" },
+                providerExecuted: false
+              }
+            ]
+          },
+          {
+            role: "tool",
+            content: [
+              {
+                type: "tool-result",
+                id: "r1",
+                name: "read_file",
+                result: { output: "1\tone", isError: false },
+                isFailure: false
+              },
+              {
+                type: "tool-result",
+                id: "r2",
+                name: "read_file",
+                result: { output: "no such file", isError: true },
+                isFailure: false
+              }
+            ]
+          }
+        ]
+        expect(pathsSeen(messages)).toEqual(["a.txt"])
+      })
   )
 
   it.live("write_file, edit_file must match once, refusals are errors", () =>

@@ -381,12 +381,17 @@ export const turnLimitsProblem = (
   mode: TurnMode | undefined,
   limits: TurnLimits | undefined
 ): { readonly option: string; readonly message: string } | undefined => {
-  if (limits === undefined || (limits.maxSteps === undefined && limits.maxCostUsd === undefined)) return undefined
+  if (limits === undefined || (limits.maxSteps === undefined && limits.maxCostUsd === undefined))
+    return undefined
   const option = limits.maxCostUsd !== undefined ? "max-cost" : "max-steps"
   if (!Schema.is(TurnLimits)(limits)) {
-    return { option, message: "max steps must be a whole number from 1 to 1000, max cost a positive number of US dollars" }
+    return {
+      option,
+      message: "max steps must be a whole number from 1 to 1000, max cost a positive number of US dollars"
+    }
   }
-  if (mode !== "prompt") return { option, message: `--${option} is for prompt turns (--prompt), not shell commands` }
+  if (mode !== "prompt")
+    return { option, message: `--${option} is for prompt turns (--prompt), not shell commands` }
   if (hello.features?.includes(FEATURE_LIMITS) !== true) {
     return {
       option,
@@ -427,7 +432,10 @@ const sessionFrom = (
       const problem = turnLimitsProblem(connection.hello, booted.modelSpec, mode, limits)
       if (problem !== undefined) {
         return Stream.make<Array<TurnEvent>>(
-          { _tag: "Event", event: { kind: "agent_end", reason: "error", steps: 0, message: problem.message } },
+          {
+            _tag: "Event",
+            event: { kind: "agent_end", reason: "error", steps: 0, message: problem.message }
+          },
           { _tag: "End", exitCode: 1, signal: null, cancelled: false }
         )
       }

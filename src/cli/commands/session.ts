@@ -72,7 +72,9 @@ const prompt = Options.text("prompt").pipe(
 
 export const maxSteps = Options.integer("max-steps").pipe(
   Options.optional,
-  Options.withDescription("with --prompt: end the turn after this many model requests (1-1000; default the session's, 50)")
+  Options.withDescription(
+    "with --prompt: end the turn after this many model requests (1-1000; default the session's, 50)"
+  )
 )
 export const maxCost = Options.float("max-cost").pipe(
   Options.optional,

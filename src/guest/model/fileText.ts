@@ -11,8 +11,7 @@ export const DEFAULT_READ_LINES = 2000
 export const MAX_LINE_CHARS = 2000
 
 export type TextResult =
-  | { readonly ok: true; readonly text: string }
-  | { readonly ok: false; readonly reason: string }
+  { readonly ok: true; readonly text: string } | { readonly ok: false; readonly reason: string }
 
 /** a file's lines; a final newline ends the last line rather than starting an empty one */
 export const splitLines = (text: string): ReadonlyArray<string> => {
@@ -77,7 +76,9 @@ export const replaceText = (
   oldString: string,
   newString: string,
   replaceAll: boolean
-): (TextResult & { readonly ok: false }) | { readonly ok: true; readonly text: string; readonly count: number } => {
+):
+  | (TextResult & { readonly ok: false })
+  | { readonly ok: true; readonly text: string; readonly count: number } => {
   if (oldString === "") return { ok: false, reason: "old_string is empty; use write_file to create a file" }
   if (oldString === newString) return { ok: false, reason: "old_string and new_string are the same" }
   const count = countOccurrences(text, oldString)

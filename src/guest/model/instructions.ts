@@ -30,11 +30,7 @@ export const orderInstructionFiles = (paths: ReadonlyArray<string>): ReadonlyArr
   [...paths].sort((a, b) => {
     const dirA = a.split("/").slice(0, -1).join("/")
     const dirB = b.split("/").slice(0, -1).join("/")
-    return (
-      depthOf(a) - depthOf(b) ||
-      (dirA < dirB ? -1 : dirA > dirB ? 1 : 0) ||
-      rankOf(a) - rankOf(b)
-    )
+    return depthOf(a) - depthOf(b) || (dirA < dirB ? -1 : dirA > dirB ? 1 : 0) || rankOf(a) - rankOf(b)
   })
 
 /**

@@ -285,7 +285,10 @@ const step = (
       const parts: Array<Response.AnyPart> = []
       const started = yield* Ref.make(false)
       const outcome = yield* LanguageModel.streamText({
-        prompt: Prompt.merge(Prompt.make([{ role: "system", content: options.systemPrompt ?? SYSTEM_PROMPT }]), prompt),
+        prompt: Prompt.merge(
+          Prompt.make([{ role: "system", content: options.systemPrompt ?? SYSTEM_PROMPT }]),
+          prompt
+        ),
         toolkit,
         concurrency: 1
       }).pipe(
@@ -373,7 +376,8 @@ export const transcriptOf = (messages: ReadonlyArray<Prompt.MessageEncoded>): st
   const out: Array<string> = []
   for (const message of messages) {
     if (message.role === "system") continue
-    const parts = typeof message.content === "string" ? [{ type: "text", text: message.content }] : message.content
+    const parts =
+      typeof message.content === "string" ? [{ type: "text", text: message.content }] : message.content
     for (const part of parts as ReadonlyArray<Record<string, unknown>>) {
       if (part.type === "text" && typeof part.text === "string") {
         out.push(`${message.role}: ${clipPart(part.text)}`)
@@ -382,7 +386,9 @@ export const transcriptOf = (messages: ReadonlyArray<Prompt.MessageEncoded>): st
       } else if (part.type === "tool-result") {
         const result = part.result as Partial<ToolOutput> | undefined
         const text = typeof result?.output === "string" ? result.output : JSON.stringify(part.result)
-        out.push(`${String(part.name)} result${result?.isError === true ? " (error)" : ""}: ${clipPart(text)}`)
+        out.push(
+          `${String(part.name)} result${result?.isError === true ? " (error)" : ""}: ${clipPart(text)}`
+        )
       }
     }
   }
@@ -407,25 +413,36 @@ export const summarySplit = (messages: ReadonlyArray<Prompt.MessageEncoded>): nu
  * Compaction by the model: the messages before `summarySplit` are sent as a transcript with a
  * request for a summary, which replaces them (opening the first kept user message, or as a user
  * message of its own before a kept assistant message). Fails when the request does (the caller
- * then trims instead); the request's usage is returned to be counted.
+ * then trims instead); the request's usage is returned to be counted. Undefined: nothing to
+ * summarise (one exchange fills the window: it is trimmed).
  */
 const summarise = (
   prompt: Prompt.Prompt,
   limit: number
 ): Effect.Effect<
-  { readonly prompt: Prompt.Prompt; readonly summarised: number; readonly input: number; readonly output: number },
+  | {
+      readonly prompt: Prompt.Prompt
+      readonly summarised: number
+      readonly input: number
+      readonly output: number
+    }
+  | undefined,
   AiError.AiError | StepFailed,
   LanguageModel.LanguageModel
 > =>
   Effect.gen(function* () {
     const messages = encodePrompt(prompt).content as ReadonlyArray<Prompt.MessageEncoded>
     const split = summarySplit(messages)
-    if (split === undefined) return yield* new StepFailed({ message: "nothing before the current exchange to summarise" })
+    if (split === undefined) return undefined
     // the transcript itself stays well inside the window (4 characters a token)
     const transcript = capTranscript(transcriptOf(messages.slice(0, split)), limit * 2)
     const response = yield* LanguageModel.generateText({
       prompt: [
-        { role: "system", content: "You summarise a coding agent's conversation so that the agent can carry on from the summary alone." },
+        {
+          role: "system",
+          content:
+            "You summarise a coding agent's conversation so that the agent can carry on from the summary alone."
+        },
         { role: "user", content: `<conversation>\n${transcript}\n</conversation>\n\n${SUMMARY_REQUEST}` }
       ]
     })
@@ -448,7 +465,9 @@ const summarise = (
   })
 
 const capTranscript = (text: string, max: number) =>
-  text.length <= max ? text : `${text.slice(0, max / 4)}\n[… earlier part cut …]\n${text.slice(-(max * 3) / 4)}`
+  text.length <= max
+    ? text
+    : `${text.slice(0, max / 4)}\n[… earlier part cut …]\n${text.slice(-(max * 3) / 4)}`
 
 /**
  * One prompt turn over `conversation` (updated in place after each completed step). Usage is
@@ -497,7 +516,11 @@ export const promptTurn = (
           const before = estimateTokens(conversation.prompt)
           const window = Math.round(limit / COMPACT_AT)
           const summarised = yield* Effect.either(summarise(conversation.prompt, limit))
-          if (Either.isRight(summarised)) {
+          if (Either.isRight(summarised) && summarised.right === undefined) {
+            const compacted = compact(conversation.prompt, limit)
+            conversation.prompt = compacted.prompt
+            if (compacted.note !== undefined) yield* options.emit({ kind: "status", message: compacted.note })
+          } else if (Either.isRight(summarised) && summarised.right !== undefined) {
             usage.input += summarised.right.input
             usage.output += summarised.right.output
             // a kept exchange that is still too big has its older tool outputs trimmed too
@@ -507,7 +530,7 @@ export const promptTurn = (
               kind: "status",
               message: `context compacted (≈${before} → ≈${estimateTokens(conversation.prompt)} tokens of ${window}): the model summarised the ${summarised.right.summarised} earlier message${summarised.right.summarised === 1 ? "" : "s"}`
             })
-          } else {
+          } else if (Either.isLeft(summarised)) {
             const why =
               summarised.left._tag === "StepFailed"
                 ? summarised.left.message

@@ -439,12 +439,15 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         if (!ledger.has(absolute)) {
           return fail(`refused: read ${requested} with read_file before editing it`)
         }
-        const edited = replaceText(fs.readFileSync(file, "utf8"), old_string, new_string, replace_all === true)
+        const edited = replaceText(
+          fs.readFileSync(file, "utf8"),
+          old_string,
+          new_string,
+          replace_all === true
+        )
         if (!edited.ok) return fail(`${requested}: ${edited.reason}`)
         fs.writeFileSync(file, edited.text)
-        return ok(
-          `edited ${requested}${edited.count === 1 ? "" : ` (${edited.count} occurrences replaced)`}`
-        )
+        return ok(`edited ${requested}${edited.count === 1 ? "" : ` (${edited.count} occurrences replaced)`}`)
       }),
     list_files: ({ path: requested }) => {
       const root = searchRoot(requested)

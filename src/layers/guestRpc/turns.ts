@@ -9,7 +9,13 @@ import * as Effect from "effect/Effect"
 import * as Chunk from "effect/Chunk"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
-import { FEATURE_LIMITS, FEATURE_OUTPUT, FEATURE_TTY, type HelloMessage, type TurnLimits } from "../../protocol/Messages.js"
+import {
+  FEATURE_LIMITS,
+  FEATURE_OUTPUT,
+  FEATURE_TTY,
+  type HelloMessage,
+  type TurnLimits
+} from "../../protocol/Messages.js"
 import { OutputRecordDecoder } from "../../protocol/TurnOutput.js"
 import {
   type GuestRpcError,
