@@ -13,12 +13,18 @@ import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
+import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { agentRenderer } from "../src/cli/agentOutput.js"
 import { compact, estimateTokens, promptTurn, SUMMARY_MARK, summaryOf } from "../src/guest/model/loop.js"
 import { pathsSeen } from "../src/guest/model/fileText.js"
+import {
+  instructionsSection,
+  INSTRUCTIONS_MAX_FILES,
+  readInstructions
+} from "../src/guest/model/instructions.js"
 import { AgentToolkit, capText, makeHandlers, resolveRepoPath } from "../src/guest/model/tools.js"
 import type { ModelSpec } from "../src/protocol/GuestConfig.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
@@ -207,6 +213,24 @@ describe("tools", () => {
       })
   )
 
+  it.live("edit_file refuses a replace_all whose result would pass the bound (the agent's memory)", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const h = handlersFor(dir)
+      fs.writeFileSync(path.join(dir, "many.txt"), "a".repeat(1000))
+      yield* h.read_file({ path: "many.txt" })
+      const huge = yield* h.edit_file({
+        path: "many.txt",
+        old_string: "a",
+        new_string: "x".repeat(20_000),
+        replace_all: true
+      })
+      expect(huge.isError).toBe(true)
+      expect(huge.output).toContain("would be 20000000 characters")
+      expect(fs.readFileSync(path.join(dir, "many.txt"), "utf8")).toBe("a".repeat(1000))
+    })
+  )
+
   it.live("write_file, edit_file must match once, refusals are errors", () =>
     Effect.gen(function* () {
       const dir = repo()
@@ -246,6 +270,61 @@ describe("tools", () => {
       expect(alive(pid)).toBe(false)
     })
   )
+})
+
+describe("instructions", () => {
+  const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: os.tmpdir() }
+  it.live(
+    "a symlink, a FIFO or a directory named AGENTS.md is not followed; only regular files are read",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const secret = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "abox-secret-")), "state.json")
+        fs.writeFileSync(secret, "SECRET-OUTSIDE-THE-REPO\n")
+        fs.symlinkSync(secret, path.join(dir, "AGENTS.md"))
+        fs.mkdirSync(path.join(dir, "fifo"))
+        spawnSync("mkfifo", [path.join(dir, "fifo", "AGENTS.md")])
+        fs.mkdirSync(path.join(dir, "d", "CLAUDE.md"), { recursive: true })
+        fs.writeFileSync(path.join(dir, "d", "AGENTS.md"), "REAL\n")
+        const files = yield* readInstructions({ repoDir: dir, user: undefined, env }).pipe(
+          Effect.timeout("20 seconds")
+        )
+        expect(files).toEqual([{ path: "d/AGENTS.md", text: "REAL\n" }])
+      })
+  )
+
+  it.live(`at most ${INSTRUCTIONS_MAX_FILES} files are read; the rest are named, not sent`, () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      for (let i = 0; i < INSTRUCTIONS_MAX_FILES + 3; i++) {
+        fs.mkdirSync(path.join(dir, `m${String(i).padStart(2, "0")}`))
+        fs.writeFileSync(path.join(dir, `m${String(i).padStart(2, "0")}`, "AGENTS.md"), `RULE-${i}\n`)
+      }
+      const files = yield* readInstructions({ repoDir: dir, user: undefined, env })
+      expect(files.filter((f) => f.text !== undefined)).toHaveLength(INSTRUCTIONS_MAX_FILES)
+      const section = instructionsSection(files)!
+      expect(section).toContain(`RULE-${INSTRUCTIONS_MAX_FILES - 1}\n`)
+      expect(section).not.toContain(`RULE-${INSTRUCTIONS_MAX_FILES}\n`)
+      expect(section).toContain(`[not included: m${INSTRUCTIONS_MAX_FILES}/AGENTS.md`)
+    })
+  )
+
+  it("the section: nearest first, cut at the cap, the rest named", () => {
+    const section = instructionsSection(
+      [
+        { path: "AGENTS.md", text: "0123456789" },
+        { path: "a/AGENTS.md", text: "abcdefghij" },
+        { path: "b/CLAUDE.md", text: "never" }
+      ],
+      15
+    )!
+    expect(section).toContain("## AGENTS.md\n0123456789")
+    expect(section).toContain("## a/AGENTS.md\nabcde\n")
+    expect(section).toContain("[a/AGENTS.md cut: instructions are capped at 15 characters]")
+    expect(section).toContain("[not included: b/CLAUDE.md]")
+    expect(section).not.toContain("never")
+    expect(instructionsSection([{ path: "AGENTS.md", text: "  \n" }])).toBeUndefined()
+  })
 })
 
 const spec: ModelSpec = {

@@ -9,6 +9,8 @@
 export const DEFAULT_READ_LINES = 2000
 /** a longer line is cut (a minified bundle is one line) */
 export const MAX_LINE_CHARS = 2000
+/** an edit whose result would be longer is refused (replace_all multiplies a replacement) */
+export const MAX_EDIT_RESULT_CHARS = 16 * 1024 * 1024
 
 export type TextResult =
   { readonly ok: true; readonly text: string } | { readonly ok: false; readonly reason: string }
@@ -32,8 +34,10 @@ export const numberedLines = (
   limit: number | undefined
 ): TextResult => {
   const lines = splitLines(text)
-  const first = Math.max(1, Math.floor(offset ?? 1))
-  const count = Math.max(1, Math.floor(limit ?? DEFAULT_READ_LINES))
+  const whole = (value: number | undefined, fallback: number) =>
+    value !== undefined && Number.isFinite(value) ? Math.max(1, Math.floor(value)) : fallback
+  const first = whole(offset, 1)
+  const count = whole(limit, DEFAULT_READ_LINES)
   if (lines.length === 0) {
     return first === 1 ? { ok: true, text: "(empty file)" } : { ok: false, reason: "the file is empty" }
   }
@@ -87,6 +91,13 @@ export const replaceText = (
     return {
       ok: false,
       reason: `old_string occurs ${count} times; include more context to make it unique, or set replace_all`
+    }
+  }
+  const length = text.length + count * (newString.length - oldString.length)
+  if (length > MAX_EDIT_RESULT_CHARS) {
+    return {
+      ok: false,
+      reason: `the edited file would be ${length} characters (at most ${MAX_EDIT_RESULT_CHARS}); use write_file or the shell`
     }
   }
   // split/join: no `$` patterns in the replacement, every occurrence left to right

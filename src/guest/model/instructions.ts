@@ -12,6 +12,8 @@ import { runProcess, type ToolEnvironment } from "./tools.js"
 export const INSTRUCTION_FILES = ["AGENTS.md", "CLAUDE.md"] as const
 /** characters of instructions the system prompt takes at most (Codex's default is 32 KiB) */
 export const INSTRUCTIONS_MAX_CHARS = 32 * 1024
+/** instruction files read at most (each is a process): the rest are named, not read */
+export const INSTRUCTIONS_MAX_FILES = 32
 /** how deep below the repository root instruction files are looked for */
 export const INSTRUCTIONS_MAX_DEPTH = 4
 const FIND_TIMEOUT = "10 seconds"
@@ -19,7 +21,8 @@ const FIND_TIMEOUT = "10 seconds"
 export interface InstructionFile {
   /** relative to the repository root, without `./` */
   readonly path: string
-  readonly text: string
+  /** undefined: not read (past the cap or the count) */
+  readonly text: string | undefined
 }
 
 const depthOf = (file: string) => file.split("/").length
@@ -41,8 +44,12 @@ export const instructionsSection = (
   files: ReadonlyArray<InstructionFile>,
   cap: number = INSTRUCTIONS_MAX_CHARS
 ): string | undefined => {
-  const kept = files.filter((file) => file.text.trim() !== "")
+  const kept = files.flatMap((file) =>
+    file.text !== undefined && file.text.trim() !== "" ? [{ path: file.path, text: file.text }] : []
+  )
+  const unread = files.flatMap((file) => (file.text === undefined ? [file.path] : []))
   if (kept.length === 0) return undefined
+  const left: Array<string> = []
   const parts: Array<string> = [
     "# Repository instructions",
     "The repository's own instruction files follow, nearest the repository root first. A file in a subdirectory applies to the work under that directory; where two disagree, the deeper one wins for its directory."
@@ -51,20 +58,20 @@ export const instructionsSection = (
   for (let i = 0; i < kept.length; i++) {
     const file = kept[i]!
     if (budget <= 0) {
-      const left = kept.slice(i).map((f) => f.path)
-      parts.push(`[instructions capped at ${cap} characters; not included: ${left.join(", ")}]`)
+      left.push(...kept.slice(i).map((f) => f.path))
       break
     }
     const text = file.text.length > budget ? file.text.slice(0, budget) : file.text
     parts.push(`## ${file.path}\n${text.trimEnd()}`)
     if (file.text.length > budget) {
       parts.push(`[${file.path} cut: instructions are capped at ${cap} characters]`)
-      const left = kept.slice(i + 1).map((f) => f.path)
-      if (left.length > 0) parts.push(`[not included: ${left.join(", ")}]`)
+      left.push(...kept.slice(i + 1).map((f) => f.path))
       break
     }
     budget -= text.length
   }
+  left.push(...unread)
+  if (left.length > 0) parts.push(`[not included: ${left.join(", ")}]`)
   return parts.join("\n\n")
 }
 
@@ -111,8 +118,8 @@ export const readInstructions = (
     let budget = cap
     for (const file of paths) {
       // past the cap a file is only named: its text would not be sent
-      if (budget <= 0) {
-        files.push({ path: file, text: "(not read)" })
+      if (budget <= 0 || files.length >= INSTRUCTIONS_MAX_FILES) {
+        files.push({ path: file, text: undefined })
         continue
       }
       const read = yield* runProcess(
