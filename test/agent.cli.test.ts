@@ -354,6 +354,12 @@ describe("prompt turns in a detached session (fake backend, real broker, real pr
       expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("run something")
 
       // usage errors before any connection
+      // the turn's own limit goes through the supervisor to the guest
+      mock.push({ kind: "tools", calls: [{ name: "shell", input: { command: "echo again" } }] })
+      const limited = await abox(home, ["exec", "agentd", "--max-steps", "1", "-p", "loop"], {})
+      expect(limited.code).toBe(2)
+      expect(limited.stderr).toContain("abox: the agent stopped (max_steps)")
+
       const both = await abox(home, ["exec", "agentd", "-p", "hi", "--", "ls"], {})
       expect(both.code).toBe(64)
       const withEnv = await abox(home, ["exec", "agentd", "-e", "A=1", "-p", "hi"], {})
@@ -381,8 +387,8 @@ describe("prompt turns in a detached session (fake backend, real broker, real pr
       expect(await exited).toBe(0)
       expect(out).toContain("shell-42\n")
       expect(out).toContain("attached answer")
-      expect(err).toContain("· turn 3: echo shell-$((40 + 2))")
-      expect(err).toContain("· turn 4: what now?")
+      expect(err).toContain("· turn 4: echo shell-$((40 + 2))")
+      expect(err).toContain("· turn 5: what now?")
       expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("what now?")
     } finally {
       const stopped = await abox(home, ["stop", "agentd"], {})
