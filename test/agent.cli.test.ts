@@ -189,6 +189,61 @@ describe("prompt turns (fake backend, real broker)", () => {
     expect(both.stderr).toContain("either --prompt or a shell command")
   })
 
+  it("--max-steps and --max-cost end a prompt turn with the reason printed (exit 2); limits that cannot hold are refused", async () => {
+    const home = setUpHome()
+    const loop = { kind: "tools" as const, calls: [{ name: "shell", input: { command: "echo again" } }] }
+    mock.push(loop)
+    const before = mock.requests.length
+    const stepped = await abox(home, ["run", sourceDir(), "--max-steps", "1", "-p", "loop"], {
+      ANTHROPIC_API_KEY: CANARY
+    })
+    expect(stepped.code).toBe(2)
+    expect(stepped.stderr).toContain(
+      "abox: the agent stopped (max_steps): stopped after 1 model requests (max steps)"
+    )
+    expect(mock.requests.length - before).toBe(1)
+
+    // sonnet's catalog prices: 100k in + 10k out at $3 / $15 per million = $0.45 a request
+    const priced = { ...loop, usage: { input: 100_000, output: 10_000 } }
+    mock.push(priced, priced)
+    const costly = await abox(home, ["run", sourceDir(), "--json", "--max-cost", "0.5", "-p", "loop"], {
+      ANTHROPIC_API_KEY: CANARY
+    })
+    expect(costly.code).toBe(2)
+    expect(jsonEvents(costly.stdout).at(-1)).toEqual({
+      kind: "agent_end",
+      reason: "max_cost",
+      steps: 2,
+      message: "stopped after 2 model requests: spent $0.90 of the $0.50 limit (max cost)"
+    })
+
+    // a model the catalog has no prices for: a typed error before the turn, no request made
+    fs.writeFileSync(
+      path.join(home, "models.json"),
+      JSON.stringify({ format: 1, models: { plain: { provider: "anthropic", id: "claude-plain" } } })
+    )
+    const requests = mock.requests.length
+    const unpriced = await abox(
+      home,
+      ["run", sourceDir(), "--model", "plain", "--max-cost", "1", "-p", "hi"],
+      {
+        ANTHROPIC_API_KEY: CANARY
+      }
+    )
+    expect(unpriced.code).toBe(64)
+    expect(unpriced.stderr).toContain("--max-cost needs the model's prices")
+    expect(unpriced.stderr).toContain("claude-plain")
+    expect(mock.requests.length).toBe(requests)
+
+    // the flags' own mistakes: usage errors before anything is made
+    const shell = await abox(home, ["run", sourceDir(), "--max-steps", "2", "--", "true"], {})
+    expect(shell.code).toBe(64)
+    expect(shell.stderr).toContain("for a --prompt turn")
+    const negative = await abox(home, ["run", sourceDir(), "--max-cost", "-1", "-p", "hi"], {})
+    expect(negative.code).toBe(64)
+    expect(negative.stderr).toContain("positive number")
+  })
+
   it("a local model server (models.json api chat) on 127.0.0.1: refused without a policy entry, works through resolve with its own key variable", async () => {
     const home = tempHome()
     const caFile = path.join(home, "mock-ca.pem")
@@ -299,6 +354,12 @@ describe("prompt turns in a detached session (fake backend, real broker, real pr
       expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("run something")
 
       // usage errors before any connection
+      // the turn's own limit goes through the supervisor to the guest
+      mock.push({ kind: "tools", calls: [{ name: "shell", input: { command: "echo again" } }] })
+      const limited = await abox(home, ["exec", "agentd", "--max-steps", "1", "-p", "loop"], {})
+      expect(limited.code).toBe(2)
+      expect(limited.stderr).toContain("abox: the agent stopped (max_steps)")
+
       const both = await abox(home, ["exec", "agentd", "-p", "hi", "--", "ls"], {})
       expect(both.code).toBe(64)
       const withEnv = await abox(home, ["exec", "agentd", "-e", "A=1", "-p", "hi"], {})
@@ -326,8 +387,8 @@ describe("prompt turns in a detached session (fake backend, real broker, real pr
       expect(await exited).toBe(0)
       expect(out).toContain("shell-42\n")
       expect(out).toContain("attached answer")
-      expect(err).toContain("· turn 3: echo shell-$((40 + 2))")
-      expect(err).toContain("· turn 4: what now?")
+      expect(err).toContain("· turn 4: echo shell-$((40 + 2))")
+      expect(err).toContain("· turn 5: what now?")
       expect(JSON.stringify(mock.requests.at(-1)!.body)).toContain("what now?")
     } finally {
       const stopped = await abox(home, ["stop", "agentd"], {})

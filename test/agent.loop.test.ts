@@ -217,3 +217,230 @@ describe("cancel", () => {
     await agent.close()
   })
 })
+
+const texts = (events: ReadonlyArray<AgentEvent>) =>
+  events
+    .filter((e) => e.kind === "status")
+    .map((e) => e.message)
+    .join("\n")
+
+describe("the repository's instructions", () => {
+  it("AGENTS.md and CLAUDE.md go into the system prompt, nearest the root first; .git and node_modules are skipped", async () => {
+    const dir = repo()
+    const put = (file: string, text: string) => {
+      fs.mkdirSync(path.dirname(path.join(dir, file)), { recursive: true })
+      fs.writeFileSync(path.join(dir, file), text)
+    }
+    put("sub/deep/CLAUDE.md", "DEEP-CLAUDE: deeper rules\n")
+    put("CLAUDE.md", "ROOT-CLAUDE: use tabs\n")
+    put("sub/AGENTS.md", "SUB-AGENTS: sub rules\n")
+    put("AGENTS.md", "ROOT-AGENTS: run npm test\n")
+    put(".git/AGENTS.md", "GIT-AGENTS\n")
+    put("node_modules/pkg/AGENTS.md", "VENDORED-AGENTS\n")
+    const agent = agentFor(dir, "anthropic")
+    mock.push({ kind: "text", chunks: ["ok"] })
+    expect((await agent.run("hi", () => undefined)).reason).toBe("done")
+    const system = JSON.stringify((mock.requests.at(-1)!.body as { system?: unknown }).system)
+    const order = ["ROOT-AGENTS", "ROOT-CLAUDE", "SUB-AGENTS", "DEEP-CLAUDE"].map((mark) =>
+      system.indexOf(mark)
+    )
+    expect(order.every((at) => at > 0)).toBe(true)
+    expect([...order].sort((a, b) => a - b)).toEqual(order)
+    expect(system).toContain("## sub/deep/CLAUDE.md")
+    expect(system).not.toContain("GIT-AGENTS")
+    expect(system).not.toContain("VENDORED-AGENTS")
+    // read afresh each turn: an edit counts from the next one
+    fs.writeFileSync(path.join(dir, "AGENTS.md"), "ROOT-AGENTS-EDITED\n")
+    mock.push({ kind: "text", chunks: ["ok"] })
+    await agent.run("again", () => undefined)
+    expect(JSON.stringify((mock.requests.at(-1)!.body as { system?: unknown }).system)).toContain(
+      "ROOT-AGENTS-EDITED"
+    )
+    await agent.close()
+  })
+
+  it("are capped: the nearest kept, the cut said, the rest named but not sent", async () => {
+    const dir = repo()
+    fs.writeFileSync(path.join(dir, "AGENTS.md"), "NEAR " + "a".repeat(40 * 1024) + " NEAR-END\n")
+    fs.mkdirSync(path.join(dir, "sub"))
+    fs.writeFileSync(path.join(dir, "sub", "CLAUDE.md"), "FAR-CLAUDE\n")
+    const agent = agentFor(dir, "anthropic")
+    mock.push({ kind: "text", chunks: ["ok"] })
+    await agent.run("hi", () => undefined)
+    const system = JSON.stringify((mock.requests.at(-1)!.body as { system?: unknown }).system)
+    expect(system).toContain("NEAR a")
+    expect(system).not.toContain("NEAR-END")
+    expect(system).toContain("AGENTS.md cut: instructions are capped at 32768 characters")
+    expect(system).toContain("not included: sub/CLAUDE.md")
+    expect(system).not.toContain("FAR-CLAUDE")
+    expect(system.length).toBeLessThan(32 * 1024 + 4000)
+    await agent.close()
+  })
+
+  it("a repository without them gets the plain system prompt", async () => {
+    const agent = agentFor(repo(), "anthropic")
+    mock.push({ kind: "text", chunks: ["ok"] })
+    await agent.run("hi", () => undefined)
+    expect(JSON.stringify((mock.requests.at(-1)!.body as { system?: unknown }).system)).not.toContain(
+      "Repository instructions"
+    )
+    await agent.close()
+  })
+})
+
+describe.each(["anthropic", "openai", "chat"] as const)("turn limits (%s)", (provider) => {
+  const loop = (n: number) =>
+    Array.from({ length: n }, () => ({
+      kind: "tools" as const,
+      calls: [{ name: "shell", input: { command: "echo step" } }],
+      usage: { input: 100_000, output: 10_000 }
+    }))
+
+  it("max steps: the turn's own limit ends it after that many requests, with the reason", async () => {
+    const agent = agentFor(repo(), provider, { maxSteps: 50 })
+    // exactly what the limit lets through: a third request would find the script empty
+    mock.push(...loop(2))
+    const before = mock.requests.length
+    const { events, sink } = collect()
+    const outcome = await agent.run("loop", sink, { maxSteps: 2 })
+    expect(outcome).toEqual({
+      reason: "max_steps",
+      steps: 2,
+      message: "stopped after 2 model requests (max steps)"
+    })
+    expect(mock.requests.length - before).toBe(2)
+    expect(events.at(-1)).toEqual({ kind: "agent_end", ...outcome })
+    await agent.close()
+  })
+
+  it("max cost: the turn ends once its cost (usage × prices) reaches the limit, with the reason", async () => {
+    const agent = agentFor(repo(), provider, { spec: { ...spec(provider), inputPrice: 3, outputPrice: 15 } })
+    // each step: 100k in × $3/M + 10k out × $15/M = $0.45
+    mock.push(...loop(2))
+    const before = mock.requests.length
+    const { events, sink } = collect()
+    const outcome = await agent.run("loop", sink, { maxCostUsd: 0.8 })
+    expect(outcome).toEqual({
+      reason: "max_cost",
+      steps: 2,
+      message: "stopped after 2 model requests: spent $0.90 of the $0.80 limit (max cost)"
+    })
+    expect(mock.requests.length - before).toBe(2)
+    expect(events.find((e) => e.kind === "usage")).toMatchObject({
+      inputTokens: 200_000,
+      outputTokens: 20_000,
+      costUsd: 0.9
+    })
+    expect(events.at(-1)).toEqual({ kind: "agent_end", ...outcome })
+    await agent.close()
+  })
+
+  it("max cost on a model without prices is an error before any request", async () => {
+    const { inputPrice: _i, outputPrice: _o, ...unpriced } = spec(provider)
+    const agent = agentFor(repo(), provider, { spec: unpriced })
+    const before = mock.requests.length
+    const outcome = await agent.run("loop", () => undefined, { maxCostUsd: 1 })
+    expect(outcome.reason).toBe("error")
+    expect(outcome.message).toContain("needs the model's prices")
+    expect(outcome.message).toContain("inputPrice and outputPrice")
+    expect(mock.requests.length).toBe(before)
+    // the refused request is not in the conversation
+    expect(JSON.stringify(agent.messages())).not.toContain("loop")
+    await agent.close()
+  })
+})
+
+describe("context after every step", () => {
+  it("each finished step is handed over at once; a turn cancelled mid-step keeps the ones before", async () => {
+    const dir = repo()
+    const saved: Array<string> = []
+    const agent = agentFor(dir, "anthropic", {
+      onStep: async (messages) => {
+        saved.push(JSON.stringify(messages))
+      }
+    })
+    mock.push(
+      { kind: "tools", calls: [{ name: "shell", input: { command: "echo FIRST-STEP-OUTPUT" } }] },
+      { kind: "hang", chunks: ["still thinking"] }
+    )
+    const n = mock.requests.length
+    const running = agent.run("two steps", () => undefined)
+    await mock.untilRequest(n + 2)
+    // the first step (its tool result) was saved before the second request went out
+    expect(saved).toHaveLength(1)
+    expect(saved[0]).toContain("FIRST-STEP-OUTPUT")
+    expect(saved[0]).toContain("two steps")
+    expect(agent.cancel()).toBe(true)
+    expect((await running).reason).toBe("cancelled")
+    expect(JSON.stringify(agent.messages())).toContain("FIRST-STEP-OUTPUT")
+    await agent.close()
+  })
+})
+
+describe.each(["anthropic", "openai", "chat"] as const)("compaction (%s)", (provider) => {
+  // a small window: two 5000-character tool outputs pass the 75 % mark
+  const small = (): ModelSpec => ({ ...spec(provider), contextWindow: 3000 })
+  const big = (mark: string) => ({
+    kind: "tools" as const,
+    calls: [
+      { name: "shell", input: { command: `printf '${mark}-%s' OUTPUT; head -c 5000 /dev/zero | tr '\\0' x` } }
+    ]
+  })
+
+  it("asks the model for a summary, which replaces the earlier exchanges", async () => {
+    const agent = agentFor(repo(), provider, { spec: small() })
+    mock.push(big("OLD"), { kind: "text", chunks: ["first done"] })
+    expect((await agent.run("TURN-ONE-REQUEST", () => undefined)).reason).toBe("done")
+    mock.push(
+      big("NEW"),
+      { kind: "text", chunks: ["SUMMARY-OF-TURN-ONE"], usage: { input: 7, output: 3 } },
+      { kind: "text", chunks: ["second done"] }
+    )
+    const n = mock.requests.length
+    const { events, sink } = collect()
+    expect((await agent.run("TURN-TWO-REQUEST", sink)).reason).toBe("done")
+    expect(mock.requests.length - n).toBe(3)
+    const summaryRequest = JSON.stringify(mock.requests[n + 1]!.body)
+    expect(summaryRequest).toContain("only your summary of it will remain")
+    expect(summaryRequest).toContain("TURN-ONE-REQUEST")
+    expect(summaryRequest).toContain("OLD-OUTPUT")
+    // the current exchange is kept, not summarised
+    expect(summaryRequest).not.toContain("TURN-TWO-REQUEST")
+    const next = JSON.stringify(mock.requests[n + 2]!.body)
+    expect(next).toContain("SUMMARY-OF-TURN-ONE")
+    expect(next).toContain("TURN-TWO-REQUEST")
+    expect(next).toContain("NEW-OUTPUT")
+    expect(next).not.toContain("OLD-OUTPUT")
+    expect(next).not.toContain("TURN-ONE-REQUEST")
+    expect(texts(events)).toContain("the model summarised the 4 earlier messages")
+    // the summary's tokens are counted
+    const usage = events.find((e) => e.kind === "usage")
+    expect(usage?.kind === "usage" && usage.inputTokens).toBeGreaterThanOrEqual(7)
+    // the conversation kept is the compacted one
+    expect(JSON.stringify(agent.messages())).toContain("SUMMARY-OF-TURN-ONE")
+    await agent.close()
+  })
+
+  it("falls back to trimming when the summary request fails", async () => {
+    const agent = agentFor(repo(), provider, { spec: small() })
+    mock.push(big("OLD"), { kind: "text", chunks: ["first done"] })
+    await agent.run("TURN-ONE-REQUEST", () => undefined)
+    mock.push(
+      big("NEW"),
+      { kind: "error", status: 400, message: "bad summary" },
+      { kind: "text", chunks: ["ok"] }
+    )
+    const n = mock.requests.length
+    const { events, sink } = collect()
+    expect((await agent.run("TURN-TWO-REQUEST", sink)).reason).toBe("done")
+    expect(mock.requests.length - n).toBe(3)
+    const next = JSON.stringify(mock.requests[n + 2]!.body)
+    expect(next).not.toContain("OLD-OUTPUT")
+    expect(next).toContain("NEW-OUTPUT")
+    // the deterministic summary of what was dropped opens the kept exchange
+    expect(next).toContain("dropped to fit the context window")
+    expect(texts(events)).toContain("the summary for compaction failed")
+    expect(texts(events)).toContain("dropped the 4 oldest messages")
+    await agent.close()
+  })
+})

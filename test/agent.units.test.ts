@@ -13,11 +13,18 @@ import * as Fiber from "effect/Fiber"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
+import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { agentRenderer } from "../src/cli/agentOutput.js"
 import { compact, estimateTokens, promptTurn, SUMMARY_MARK, summaryOf } from "../src/guest/model/loop.js"
+import { pathsSeen } from "../src/guest/model/fileText.js"
+import {
+  instructionsSection,
+  INSTRUCTIONS_MAX_FILES,
+  readInstructions
+} from "../src/guest/model/instructions.js"
 import { AgentToolkit, capText, makeHandlers, resolveRepoPath } from "../src/guest/model/tools.js"
 import type { ModelSpec } from "../src/protocol/GuestConfig.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
@@ -69,18 +76,170 @@ describe("tools", () => {
     }
   })
 
-  it.live("read_file ranges, write_file, edit_file must match once, refusals are errors", () =>
+  it.live("read_file numbers its lines and takes a range; a range past the end is an error", () =>
     Effect.gen(function* () {
       const dir = repo()
       const h = handlersFor(dir)
+      expect((yield* h.read_file({ path: "a.txt" })).output).toBe("1\tone\n2\ttwo\n3\tthree\n4\tfour")
+      // a range within: the rest is announced with where to read on
       expect((yield* h.read_file({ path: "a.txt", offset: 2, limit: 2 })).output).toBe(
-        "two\nthree\n[lines 2-3 of 5]"
+        "2\ttwo\n3\tthree\n[lines 2-3 of 4; read on with offset 4]"
       )
+      // the last line, and a limit past the end: no note
+      expect((yield* h.read_file({ path: "a.txt", offset: 4, limit: 10 })).output).toBe("4\tfour")
+      // past the end: an error naming the file's length, not an empty success
+      const past = yield* h.read_file({ path: "a.txt", offset: 5 })
+      expect(past).toMatchObject({ isError: true, exitCode: null })
+      expect(past.output).toBe("a.txt: offset 5 is past the end of the file (4 lines)")
+      // numbers are right-aligned to the widest shown; a file without a final newline keeps its last line
+      fs.writeFileSync(
+        path.join(dir, "ten.txt"),
+        Array.from({ length: 12 }, (_, i) => `l${i + 1}`).join("\n")
+      )
+      expect((yield* h.read_file({ path: "ten.txt", offset: 9, limit: 4 })).output).toBe(
+        " 9\tl9\n10\tl10\n11\tl11\n12\tl12"
+      )
+      fs.writeFileSync(path.join(dir, "empty.txt"), "")
+      expect((yield* h.read_file({ path: "empty.txt" })).output).toBe("(empty file)")
+      expect((yield* h.read_file({ path: "empty.txt", offset: 2 })).isError).toBe(true)
+    })
+  )
+
+  it.live("edit_file: one match replaced; several refused unless replace_all; none is an error", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const h = handlersFor(dir)
+      fs.writeFileSync(path.join(dir, "c.txt"), "x = 1\ny = x + x\n")
+      yield* h.read_file({ path: "c.txt" })
+      // many, without replace_all: refused with the count, the file untouched
+      const many = yield* h.edit_file({ path: "c.txt", old_string: "x", new_string: "z" })
+      expect(many.isError).toBe(true)
+      expect(many.output).toContain("occurs 3 times")
+      expect(fs.readFileSync(path.join(dir, "c.txt"), "utf8")).toBe("x = 1\ny = x + x\n")
+      // many, with replace_all: every one replaced, the count said
+      const all = yield* h.edit_file({ path: "c.txt", old_string: "x", new_string: "z", replace_all: true })
+      expect(all).toMatchObject({ isError: false, output: "edited c.txt (3 occurrences replaced)" })
+      expect(fs.readFileSync(path.join(dir, "c.txt"), "utf8")).toBe("z = 1\ny = z + z\n")
+      // one, with and without replace_all
+      expect((yield* h.edit_file({ path: "c.txt", old_string: "y =", new_string: "w =" })).output).toBe(
+        "edited c.txt"
+      )
+      expect(
+        (yield* h.edit_file({ path: "c.txt", old_string: "= 1", new_string: "= 2", replace_all: true }))
+          .output
+      ).toBe("edited c.txt")
+      expect(fs.readFileSync(path.join(dir, "c.txt"), "utf8")).toBe("z = 2\nw = z + z\n")
+      // none, with and without replace_all: an error, nothing written
+      for (const replace_all of [false, true]) {
+        const none = yield* h.edit_file({ path: "c.txt", old_string: "q", new_string: "r", replace_all })
+        expect(none.isError).toBe(true)
+        expect(none.output).toContain("not found")
+      }
+      // `$&` in the replacement is text, not a pattern
+      yield* h.edit_file({ path: "c.txt", old_string: "w", new_string: "$&$1", replace_all: true })
+      expect(fs.readFileSync(path.join(dir, "c.txt"), "utf8")).toBe("z = 2\n$&$1 = z + z\n")
+    })
+  )
+
+  it.live(
+    "edit_file refuses a file not read in this conversation; a read, a write or a restored read allows it",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const h = handlersFor(dir)
+        const refused = yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })
+        expect(refused).toMatchObject({
+          isError: true,
+          output: "refused: read a.txt with read_file before editing it"
+        })
+        expect(fs.readFileSync(path.join(dir, "a.txt"), "utf8")).toBe("one\ntwo\nthree\nfour\n")
+        // a failed read (past the end) does not count
+        yield* h.read_file({ path: "a.txt", offset: 99 })
+        expect((yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })).isError).toBe(true)
+        // the same file under another spelling is the same file
+        yield* h.read_file({ path: "/work/repo/./a.txt", limit: 1 })
+        expect((yield* h.edit_file({ path: "a.txt", old_string: "one", new_string: "1" })).isError).toBe(
+          false
+        )
+        // a file the model wrote itself
+        yield* h.write_file({ path: "new.txt", content: "n\n" })
+        expect((yield* h.edit_file({ path: "new.txt", old_string: "n", new_string: "m" })).isError).toBe(
+          false
+        )
+
+        // a conversation restored from context.json: its successful reads and writes count
+        const messages = [
+          { role: "user", content: "go" },
+          {
+            role: "assistant",
+            content: [
+              {
+                type: "tool-call",
+                id: "r1",
+                name: "read_file",
+                params: { path: "a.txt" },
+                providerExecuted: false
+              },
+              {
+                type: "tool-call",
+                id: "r2",
+                name: "read_file",
+                params: { path: "b.txt" },
+                providerExecuted: false
+              }
+            ]
+          },
+          {
+            role: "tool",
+            content: [
+              {
+                type: "tool-result",
+                id: "r1",
+                name: "read_file",
+                result: { output: "1\tone", isError: false },
+                isFailure: false
+              },
+              {
+                type: "tool-result",
+                id: "r2",
+                name: "read_file",
+                result: { output: "no such file", isError: true },
+                isFailure: false
+              }
+            ]
+          }
+        ]
+        expect(pathsSeen(messages)).toEqual(["a.txt"])
+      })
+  )
+
+  it.live("edit_file refuses a replace_all whose result would pass the bound (the agent's memory)", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const h = handlersFor(dir)
+      fs.writeFileSync(path.join(dir, "many.txt"), "a".repeat(1000))
+      yield* h.read_file({ path: "many.txt" })
+      const huge = yield* h.edit_file({
+        path: "many.txt",
+        old_string: "a",
+        new_string: "x".repeat(20_000),
+        replace_all: true
+      })
+      expect(huge.isError).toBe(true)
+      expect(huge.output).toContain("would be 20000000 characters")
+      expect(fs.readFileSync(path.join(dir, "many.txt"), "utf8")).toBe("a".repeat(1000))
+    })
+  )
+
+  it.live("write_file, edit_file must match once, refusals are errors", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const h = handlersFor(dir)
       expect((yield* h.write_file({ path: "sub/b.txt", content: "x x\n" })).isError).toBe(false)
       expect(fs.readFileSync(path.join(dir, "sub/b.txt"), "utf8")).toBe("x x\n")
       const twice = yield* h.edit_file({ path: "sub/b.txt", old_string: "x", new_string: "y" })
       expect(twice.isError).toBe(true)
-      expect(twice.output).toContain("more than once")
+      expect(twice.output).toContain("occurs 2 times")
       const none = yield* h.edit_file({ path: "sub/b.txt", old_string: "z", new_string: "y" })
       expect(none.output).toContain("not found")
       expect((yield* h.edit_file({ path: "sub/b.txt", old_string: "x x", new_string: "y" })).isError).toBe(
@@ -111,6 +270,61 @@ describe("tools", () => {
       expect(alive(pid)).toBe(false)
     })
   )
+})
+
+describe("instructions", () => {
+  const env = { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: os.tmpdir() }
+  it.live(
+    "a symlink, a FIFO or a directory named AGENTS.md is not followed; only regular files are read",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const secret = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "abox-secret-")), "state.json")
+        fs.writeFileSync(secret, "SECRET-OUTSIDE-THE-REPO\n")
+        fs.symlinkSync(secret, path.join(dir, "AGENTS.md"))
+        fs.mkdirSync(path.join(dir, "fifo"))
+        spawnSync("mkfifo", [path.join(dir, "fifo", "AGENTS.md")])
+        fs.mkdirSync(path.join(dir, "d", "CLAUDE.md"), { recursive: true })
+        fs.writeFileSync(path.join(dir, "d", "AGENTS.md"), "REAL\n")
+        const files = yield* readInstructions({ repoDir: dir, user: undefined, env }).pipe(
+          Effect.timeout("20 seconds")
+        )
+        expect(files).toEqual([{ path: "d/AGENTS.md", text: "REAL\n" }])
+      })
+  )
+
+  it.live(`at most ${INSTRUCTIONS_MAX_FILES} files are read; the rest are named, not sent`, () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      for (let i = 0; i < INSTRUCTIONS_MAX_FILES + 3; i++) {
+        fs.mkdirSync(path.join(dir, `m${String(i).padStart(2, "0")}`))
+        fs.writeFileSync(path.join(dir, `m${String(i).padStart(2, "0")}`, "AGENTS.md"), `RULE-${i}\n`)
+      }
+      const files = yield* readInstructions({ repoDir: dir, user: undefined, env })
+      expect(files.filter((f) => f.text !== undefined)).toHaveLength(INSTRUCTIONS_MAX_FILES)
+      const section = instructionsSection(files)!
+      expect(section).toContain(`RULE-${INSTRUCTIONS_MAX_FILES - 1}\n`)
+      expect(section).not.toContain(`RULE-${INSTRUCTIONS_MAX_FILES}\n`)
+      expect(section).toContain(`[not included: m${INSTRUCTIONS_MAX_FILES}/AGENTS.md`)
+    })
+  )
+
+  it("the section: nearest first, cut at the cap, the rest named", () => {
+    const section = instructionsSection(
+      [
+        { path: "AGENTS.md", text: "0123456789" },
+        { path: "a/AGENTS.md", text: "abcdefghij" },
+        { path: "b/CLAUDE.md", text: "never" }
+      ],
+      15
+    )!
+    expect(section).toContain("## AGENTS.md\n0123456789")
+    expect(section).toContain("## a/AGENTS.md\nabcde\n")
+    expect(section).toContain("[a/AGENTS.md cut: instructions are capped at 15 characters]")
+    expect(section).toContain("[not included: b/CLAUDE.md]")
+    expect(section).not.toContain("never")
+    expect(instructionsSection([{ path: "AGENTS.md", text: "  \n" }])).toBeUndefined()
+  })
 })
 
 const spec: ModelSpec = {

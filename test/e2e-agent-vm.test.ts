@@ -5,7 +5,8 @@
  * the tool ran as the unprivileged owner (uid ≠ 0) and could not read the agent's state, the
  * real key reached the mock while the guest saw only the placeholder, context.json (on the
  * guest disk) holds the conversation, cancel mid-stream and mid-tool leaves nothing running, and
- * after close + resume the next request carries the earlier messages.
+ * after close + resume the next request carries the earlier messages. A VM killed mid-turn
+ * loses no finished step: context.json is saved after each one.
  */
 import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
@@ -23,6 +24,7 @@ import { open, resume, type Session } from "../src/programs/session.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
 import { ensureTestImage, testHome, vmSkipReason, vmSessionLayer } from "./e2e-vm-image.js"
 import { startModelMock } from "./support/modelMock.js"
+import { processesMentioning } from "./support/processes.js"
 
 const skip = vmSkipReason()
 if (skip !== undefined) console.warn(`e2e agent VM test skipped: ${skip}`)
@@ -205,6 +207,76 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
             expect(fs.readFileSync(path.join(dir, file)).includes(canary), file).toBe(false)
           }
         }
+      }).pipe(Effect.scoped),
+    900_000
+  )
+
+  it.live(
+    "a VM killed mid-turn keeps the finished steps: the resumed conversation carries them",
+    () =>
+      Effect.gen(function* () {
+        yield* Effect.promise(() => ensureTestImage())
+        const mock = yield* Effect.acquireRelease(
+          Effect.promise(() => startModelMock()),
+          (m) => Effect.promise(() => m.close())
+        )
+        const previousKey = process.env.ANTHROPIC_API_KEY
+        process.env.ANTHROPIC_API_KEY = `sk-ant-api03-killcanary${Math.random().toString(36).slice(2)}x9`
+        yield* Effect.addFinalizer(() =>
+          Effect.sync(() => {
+            if (previousKey === undefined) delete process.env.ANTHROPIC_API_KEY
+            else process.env.ANTHROPIC_API_KEY = previousKey
+          })
+        )
+        const home = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-agent-kill-"))
+        fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
+        const source = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-agent-kill-src-"))
+        fs.writeFileSync(path.join(source, "README.md"), "hello\n")
+        const policy: BrokerPolicy = {
+          format: 1,
+          allow: [],
+          credentials: [],
+          resolve: { "api.anthropic.com": `127.0.0.1:${mock.port}` }
+        }
+        // step 1 runs a tool (its output is computed, so only the result carries the mark);
+        // step 2's answer never ends: the VM is killed while the model "thinks"
+        mock.push(
+          { kind: "tools", calls: [{ name: "shell", input: { command: "echo STEP-ONE-$((6*7))" } }] },
+          { kind: "hang", chunks: ["thinking"] }
+        )
+        const id = yield* Effect.gen(function* () {
+          const id = yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* open({ source, policy })
+              const n = mock.requests.length
+              const turn = yield* session
+                .turn("two steps, then the VM dies", "prompt")
+                .pipe(Stream.runDrain, Effect.either, Effect.fork)
+              // the second request went out: the first step is finished (and saved before it)
+              yield* Effect.promise(() => mock.untilRequest(n + 2))
+              const vm = processesMentioning(session.dir)
+              expect(vm.length).toBeGreaterThan(0)
+              for (const pid of vm) process.kill(pid, "SIGKILL")
+              const ended = yield* Fiber.join(turn)
+              expect(ended._tag).toBe("Left")
+              return session.id
+            })
+          )
+          mock.push({ kind: "text", chunks: ["carried on"] })
+          yield* Effect.scoped(
+            Effect.gen(function* () {
+              const session = yield* resume(id)
+              const again = eventsOf(yield* collect(session, "after the crash", "prompt"))
+              expect(again.at(-1)).toMatchObject({ kind: "agent_end", reason: "done" })
+            })
+          )
+          return id
+        }).pipe(Effect.provide(vmSessionLayer(home, mock.caPem)))
+        expect(id).not.toBe("")
+        const last = JSON.stringify(mock.requests.at(-1)!.body)
+        expect(last).toContain("two steps, then the VM dies")
+        expect(last).toContain("STEP-ONE-42")
+        expect(last).toContain("after the crash")
       }).pipe(Effect.scoped),
     900_000
   )

@@ -55,8 +55,38 @@ describe("SDK prompt turns", () => {
     const results: Array<ToolResultEvent> = outcome.events.flatMap((e) =>
       e._tag === "Event" && e.event.kind === "tool_result" ? [e.event] : []
     )
-    expect(results.map((r) => [r.name, r.output])).toEqual([["read_file", "hello\n"]])
+    expect(results.map((r) => [r.name, r.output])).toEqual([["read_file", "1\thello"]])
     expect(mock.requests.at(-1)?.headers["x-api-key"]).toBe(canary)
     expect((await session.run("cat hello.txt")).stdout).toBe("hello\n")
+
+    // a turn's own limits: the end says which one stopped it
+    const loop = { kind: "tools" as const, calls: [{ name: "shell", input: { command: "echo again" } }] }
+    mock.push(loop)
+    const stepped = await session.run("loop", { mode: "prompt", maxSteps: 1 })
+    expect(stepped.exitCode).toBe(2)
+    expect(stepped.agentEnd).toEqual({
+      kind: "agent_end",
+      reason: "max_steps",
+      steps: 1,
+      message: "stopped after 1 model requests (max steps)"
+    })
+    // sonnet's catalog prices ($3 / $15 per million): 100k in + 10k out = $0.45 a request
+    mock.push(
+      { ...loop, usage: { input: 100_000, output: 10_000 } },
+      { ...loop, usage: { input: 100_000, output: 10_000 } }
+    )
+    const costly = await session.run("loop", { mode: "prompt", maxCostUsd: 0.5 })
+    expect(costly.exitCode).toBe(2)
+    expect(costly.agentEnd).toMatchObject({ reason: "max_cost", steps: 2 })
+    expect(costly.agentEnd?.message).toContain("spent $0.90 of the $0.50 limit")
+    // limits for a shell turn, or out of range: the turn ends at once with why, nothing sent
+    const before = mock.requests.length
+    const shell = await session.run("echo hi", { maxSteps: 3 })
+    expect(shell.exitCode).toBe(1)
+    expect(shell.agentEnd?.message).toContain("for prompt turns")
+    const zero = await session.run("loop", { mode: "prompt", maxSteps: 0 })
+    expect(zero.agentEnd).toMatchObject({ reason: "error" })
+    expect(zero.agentEnd?.message).toContain("from 1 to 1000")
+    expect(mock.requests.length).toBe(before)
   })
 })

@@ -11,8 +11,8 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
-import type { AgentEvent, ControlMessage } from "../protocol/Messages.js"
-import { FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_TTY, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import type { AgentEvent, ControlMessage, TurnLimits } from "../protocol/Messages.js"
+import { FEATURE_EXPORT, FEATURE_LIMITS, FEATURE_OUTPUT, FEATURE_TTY, PROTOCOL_VERSION } from "../protocol/Messages.js"
 import { encodeOutputRecord } from "../protocol/TurnOutput.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
@@ -130,8 +130,8 @@ export class GuestAgent {
       ...(this.options.repoDisk === true ? { repoDisk: true } : {}),
       features:
         this.options.tty === undefined
-          ? [FEATURE_EXPORT, FEATURE_OUTPUT]
-          : [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_TTY]
+          ? [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_LIMITS]
+          : [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_LIMITS, FEATURE_TTY]
     })
     await link.sendControl({ type: "ready" })
     const end = await ended
@@ -156,6 +156,9 @@ export class GuestAgent {
       this.options.log(`could not sync the disks: ${errorText(error)}`)
     }
   }
+
+  /** context.json now (a prompt turn's finished steps; errors are logged, never thrown) */
+  readonly saveProgress = (): Promise<void> => this.save()
 
   private async save(): Promise<void> {
     try {
@@ -182,7 +185,14 @@ export class GuestAgent {
         )
         return
       case "user_turn":
-        return this.startTurn(message.turn, message.text, message.mode ?? "shell", undefined, message.output)
+        return this.startTurn(
+          message.turn,
+          message.text,
+          message.mode ?? "shell",
+          undefined,
+          message.output,
+          message.limits
+        )
       case "cancel":
         // cancelling a turn that already ended is not an error: the two crossed on the wire
         this.options.runner.cancel(message.turn)
@@ -409,7 +419,8 @@ export class GuestAgent {
     text: string,
     mode: "shell" | "prompt",
     start?: (sink: (event: AgentEvent) => Promise<void>) => Promise<TurnOutcome>,
-    outputChannel?: number
+    outputChannel?: number,
+    limits?: TurnLimits
   ): Promise<void> | void {
     const { runner, prompts, tty } = this.options
     // the host's output channel (FEATURE_OUTPUT) carries a shell command's stdout/stderr; a turn
@@ -465,7 +476,7 @@ export class GuestAgent {
       start !== undefined
         ? start(sink)
         : mode === "prompt" && prompts !== undefined
-          ? prompts.run(turn, text, sink)
+          ? prompts.run(turn, text, sink, limits)
           : runner.run(turn, text, sink, output)
     this.turnDone = outcome.then(
       async (result) => {

@@ -275,7 +275,10 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   // tty turns need BusyBox's telnetd (the image's /bin/busybox); without it hello does not offer them
   const tty = existsSync(BUSYBOX) ? new TtyTurnRunner(turnEnvironment) : undefined
   // the model agent: its bundle loads on the first prompt turn, not here
+  const saver: { agent?: GuestAgent } = {}
   const prompts = new PromptRunner({
+    // each finished step of a prompt turn is saved at once (a VM killed mid-turn keeps it)
+    onStep: () => saver.agent?.saveProgress() ?? Promise.resolve(),
     spec: config.right.modelSpec,
     maxSteps: config.right.maxSteps,
     repoDir: flags.repo,
@@ -312,6 +315,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     // writes are synced before its end is reported (on the host, FakeVmm, the host's disks are not ours)
     settle: flags.onShutdown === "poweroff" ? () => runCommand("sync", []).then(() => undefined) : undefined
   })
+  saver.agent = agent
   log(
     `session ${config.right.sessionId} on ${rpc.describe}, ${history.length} turns remembered, ` +
       `turns run as ${user === undefined ? "this user" : `${user.name} (${user.uid}:${user.gid})`}; ` +

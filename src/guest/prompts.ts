@@ -9,6 +9,7 @@ import { createRequire } from "node:module"
 import * as path from "node:path"
 import type { ModelSpec } from "../protocol/GuestConfig.js"
 import type { ModelAgent, ModelAgentOptions, PromptOutcome } from "./model/index.js"
+import type { TurnLimits } from "../protocol/Messages.js"
 import type { EventSink, TurnOutcome } from "./turns.js"
 import type { TurnUser } from "./user.js"
 
@@ -45,16 +46,18 @@ export interface PromptEnvironment {
   readonly proxyPort?: number | undefined
   readonly caPems?: ReadonlyArray<string> | undefined
   readonly log: (line: string) => void
+  /** after each completed step of a prompt turn (context.json is saved) */
+  readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined
   /** how the model module is loaded (tests: the sources) */
   readonly load?: () => Promise<ModelModule>
 }
 
-/** a prompt turn's end as `turn_end` says it: 0 done, 1 error, 2 max steps; cancelled: null */
+/** a prompt turn's end as `turn_end` says it: 0 done, 1 error, 2 a limit (max steps, max cost); cancelled: null */
 export const promptExit = (outcome: PromptOutcome): TurnOutcome => ({
   exitCode:
     outcome.reason === "done"
       ? 0
-      : outcome.reason === "max_steps"
+      : outcome.reason === "max_steps" || outcome.reason === "max_cost"
         ? 2
         : outcome.reason === "cancelled"
           ? null
@@ -88,7 +91,7 @@ export class PromptRunner {
     return this.agent
   }
 
-  async run(turn: number, text: string, sink: EventSink): Promise<TurnOutcome> {
+  async run(turn: number, text: string, sink: EventSink, limits?: TurnLimits): Promise<TurnOutcome> {
     if (this.running !== undefined) throw new Error(`turn ${this.running.turn} is still running`)
     const running = { turn, cancelled: false }
     this.running = running
@@ -98,7 +101,7 @@ export class PromptRunner {
         await sink({ kind: "agent_end", reason: "cancelled", steps: 0, message: "cancelled" })
         return { exitCode: null, signal: null, cancelled: true }
       }
-      return promptExit(await agent.run(text, sink))
+      return promptExit(await agent.run(text, sink, limits))
     } finally {
       if (this.running === running) this.running = undefined
     }

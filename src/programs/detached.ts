@@ -19,6 +19,7 @@ import { fileURLToPath } from "node:url"
 import { connectUnix, LineSocket, listenLoopback, readLine, splice, writeLine } from "../lib/lineSocket.js"
 import { SourceInvalid } from "../lib/snapshot.js"
 import { controlSocketPath } from "../lib/socketPath.js"
+import type { TurnLimits } from "../protocol/Messages.js"
 import {
   ControlError,
   ControlRefused,
@@ -388,12 +389,18 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
 export const remoteTurn = (
   ref: string,
   text: string,
-  mode: "shell" | "prompt" = "shell"
+  mode: "shell" | "prompt" = "shell",
+  limits?: TurnLimits
 ): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
   Stream.unwrapScoped(
     Effect.gen(function* () {
       const connection = yield* connect(ref)
-      yield* connection.send({ type: "turn", text, ...(mode === "prompt" ? { mode } : {}) })
+      yield* connection.send({
+        type: "turn",
+        text,
+        ...(mode === "prompt" ? { mode } : {}),
+        ...(limits === undefined ? {} : { limits })
+      })
       let ended = false
       yield* Effect.addFinalizer(() =>
         ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)

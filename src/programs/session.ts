@@ -20,7 +20,7 @@ import { snapshotSource } from "../lib/snapshot.js"
 import { ensureSocketDir, rpcSocketPath } from "../lib/socketPath.js"
 import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
 import { GUEST_CONFIG_FORMAT, type GuestConfig, type ModelSpec } from "../protocol/GuestConfig.js"
-import type { HelloMessage } from "../protocol/Messages.js"
+import { TurnLimits, type HelloMessage } from "../protocol/Messages.js"
 import {
   GuestDisconnected,
   GuestRpc,
@@ -30,7 +30,7 @@ import {
   type TtyRequest,
   type TtyUnsupported
 } from "../services/GuestRpc.js"
-import { FEATURE_TTY } from "../protocol/Messages.js"
+import { FEATURE_LIMITS, FEATURE_TTY } from "../protocol/Messages.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { HttpsBroker, type BrokerSession } from "../services/HttpsBroker.js"
 import { Images } from "../services/Images.js"
@@ -63,7 +63,11 @@ export interface Session {
    * one turn: the guest's events as they come, ending with `End`; interrupting it cancels the
    * turn. `mode`: "shell" (default) runs a command, "prompt" asks the model agent.
    */
-  readonly turn: (text: string, mode?: TurnMode) => Stream.Stream<TurnEvent, GuestRpcError>
+  readonly turn: (
+    text: string,
+    mode?: TurnMode,
+    limits?: TurnLimits
+  ) => Stream.Stream<TurnEvent, GuestRpcError>
   /** one shell command on a pseudo-terminal in the guest (GuestConnection.ttyTurn) */
   readonly ttyTurn: (
     text: string,
@@ -367,6 +371,43 @@ const boot = Effect.fn("session.boot")(function* (
   return { connection, broker, modelSpec: model.spec }
 })
 
+/**
+ * Why a turn's limits cannot be honoured in this session, or undefined: limits are for prompt
+ * turns; a guest that predates them (no FEATURE_LIMITS) would ignore them; a spending limit needs
+ * the model's prices in the catalog.
+ */
+export const turnLimitsProblem = (
+  hello: HelloMessage,
+  spec: ModelSpec | undefined,
+  mode: TurnMode | undefined,
+  limits: TurnLimits | undefined
+): { readonly option: string; readonly message: string } | undefined => {
+  if (limits === undefined || (limits.maxSteps === undefined && limits.maxCostUsd === undefined))
+    return undefined
+  const option = limits.maxCostUsd !== undefined ? "max-cost" : "max-steps"
+  if (!Schema.is(TurnLimits)(limits)) {
+    return {
+      option,
+      message: "max steps must be a whole number from 1 to 1000, max cost a positive number of US dollars"
+    }
+  }
+  if (mode !== "prompt")
+    return { option, message: `--${option} is for prompt turns (--prompt), not shell commands` }
+  if (hello.features?.includes(FEATURE_LIMITS) !== true) {
+    return {
+      option,
+      message: `this session's guest predates per-turn limits (--max-steps, --max-cost): run image-update and open a new session`
+    }
+  }
+  if (limits.maxCostUsd !== undefined && (spec?.inputPrice === undefined || spec.outputPrice === undefined)) {
+    return {
+      option,
+      message: `--max-cost needs the model's prices, and the model catalog has none for ${spec?.id ?? "this session's model"}: set inputPrice and outputPrice (US dollars per million tokens) in its models.json entry (docs/on-disk.md)`
+    }
+  }
+  return undefined
+}
+
 const sessionFrom = (
   meta: SessionMeta,
   dir: string,
@@ -386,13 +427,26 @@ const sessionFrom = (
     meta,
     hello: connection.hello,
     connection,
-    turn: (text, mode) =>
-      Stream.unwrapScoped(
+    turn: (text, mode, limits) => {
+      // limits that cannot be honoured end the turn at once, as the agent ends one (every client
+      // path prints or returns its agent_end); nothing is sent to the guest
+      const problem = turnLimitsProblem(connection.hello, booted.modelSpec, mode, limits)
+      if (problem !== undefined) {
+        return Stream.make<Array<TurnEvent>>(
+          {
+            _tag: "Event",
+            event: { kind: "agent_end", reason: "error", steps: 0, message: problem.message }
+          },
+          { _tag: "End", exitCode: 1, signal: null, cancelled: false }
+        )
+      }
+      return Stream.unwrapScoped(
         Effect.acquireRelease(
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
-        ).pipe(Effect.as(connection.turn(text, mode)))
-      ).pipe(Stream.withSpan("Session.turn", { attributes: { session: meta.id, mode: mode ?? "shell" } })),
+        ).pipe(Effect.as(connection.turn(text, mode, limits)))
+      ).pipe(Stream.withSpan("Session.turn", { attributes: { session: meta.id, mode: mode ?? "shell" } }))
+    },
     ttyTurn: (text, request) =>
       // a guest without tty turns refuses before a turn number is taken
       connection.hello.features?.includes(FEATURE_TTY) !== true

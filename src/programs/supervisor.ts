@@ -232,7 +232,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
               )
         const events =
           tty === undefined || controls === undefined
-            ? session.turn(text, request.mode)
+            ? session.turn(text, request.mode, request.limits)
             : session.ttyTurn(text, { ...tty, controls })
         const last = yield* events.pipe(
           Stream.interruptWhen(stopper),

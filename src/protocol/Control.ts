@@ -6,7 +6,7 @@
  * `forward_ok` the connection carries raw bytes). Every line is Schema-decoded on both ends.
  */
 import * as Schema from "effect/Schema"
-import { AgentEvent, Hello, TurnSignalName } from "./Messages.js"
+import { AgentEvent, Hello, TurnLimits, TurnSignalName } from "./Messages.js"
 
 /** this protocol's version, in `status` */
 export const CONTROL_VERSION = 1
@@ -43,7 +43,9 @@ export const TurnRequest = msg("turn", {
     })
   ),
   /** absent or "shell": a shell command (or the agent command); "prompt": the model agent (no env/cwd) */
-  mode: Schema.optional(Schema.Literal("shell", "prompt"))
+  mode: Schema.optional(Schema.Literal("shell", "prompt")),
+  /** a prompt turn's own max steps and max cost (protocol `user_turn.limits`) */
+  limits: Schema.optional(TurnLimits)
 })
 /** a tty turn's typed bytes (base64), from the connection that started it */
 export const InputRequest = msg("input", {

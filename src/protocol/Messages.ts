@@ -48,7 +48,8 @@ export const RetryEvent = Schema.Struct({
   delayMs: Schema.Number,
   reason: Schema.String
 })
-export const AgentEndReason = Schema.Literal("done", "max_steps", "cancelled", "error")
+/** `max_cost` only for a turn whose `user_turn.limits` set `maxCostUsd` (a host that knows it) */
+export const AgentEndReason = Schema.Literal("done", "max_steps", "max_cost", "cancelled", "error")
 export const AgentEndEvent = Schema.Struct({
   kind: Schema.Literal("agent_end"),
   reason: AgentEndReason,
@@ -126,6 +127,8 @@ export const FEATURE_TTY = "tty"
  * as records on that data channel (protocol/TurnOutput.ts) under its credit, not as events
  */
 export const FEATURE_OUTPUT = "output"
+/** hello.features: the guest honours `user_turn.limits` (a prompt turn's max steps and max cost) */
+export const FEATURE_LIMITS = "limits"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
@@ -146,6 +149,14 @@ export const TunnelOpen = msg("tunnel_open", {
 })
 
 // host → guest
+/** a prompt turn's own limits (FEATURE_LIMITS), over the session's `maxSteps` */
+export const TurnLimits = Schema.Struct({
+  /** model requests at most */
+  maxSteps: Schema.optional(Schema.Int.pipe(Schema.between(1, 1000))),
+  /** US dollars: the turn stops once its cost (usage × the catalog's prices) reaches this */
+  maxCostUsd: Schema.optional(Schema.Number.pipe(Schema.positive(), Schema.finite()))
+})
+export type TurnLimits = typeof TurnLimits.Type
 export const UserTurn = msg("user_turn", {
   turn: Schema.Number,
   text: Schema.String,
@@ -155,7 +166,9 @@ export const UserTurn = msg("user_turn", {
    * (FEATURE_OUTPUT) a host-opened (even) data channel for the turn's stdout/stderr records; the
    * guest sends its EOF before turn_end (at once when the turn's output goes as events instead)
    */
-  output: Schema.optional(Schema.Number)
+  output: Schema.optional(Schema.Number),
+  /** (FEATURE_LIMITS) prompt turns only */
+  limits: Schema.optional(TurnLimits)
 })
 export const Cancel = msg("cancel", { turn: Schema.Number })
 /** a terminal dimension (NAWS carries 16 bits) */

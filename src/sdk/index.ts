@@ -27,7 +27,7 @@ import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
 import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
-import type { AgentEvent, HelloMessage } from "../protocol/Messages.js"
+import type { AgentEvent, HelloMessage, TurnLimits } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import {
@@ -51,10 +51,26 @@ export type UsageEvent = Extract<AgentEvent, { kind: "usage" }>
 export type RetryEvent = Extract<AgentEvent, { kind: "retry" }>
 export type AgentEndEvent = Extract<AgentEvent, { kind: "agent_end" }>
 
-/** options of one turn: `mode: "prompt"` asks the model agent; default a shell command */
+/**
+ * options of one turn: `mode: "prompt"` asks the model agent; default a shell command. A prompt
+ * turn may set its own limits: `maxSteps` (model requests) and `maxCostUsd` (US dollars, from
+ * the usage and the model catalog's prices); reaching one ends the turn with `agent_end`
+ * `reason: "max_steps"` or `"max_cost"`. Limits the session cannot honour (a shell turn, an
+ * older guest, a model without prices) end the turn at once with `agent_end` `reason: "error"`.
+ */
 export interface TurnOptions {
   readonly mode?: Programs.TurnMode
+  readonly maxSteps?: number
+  readonly maxCostUsd?: number
 }
+
+const limitsOf = (options: TurnOptions | undefined): TurnLimits | undefined =>
+  options?.maxSteps === undefined && options?.maxCostUsd === undefined
+    ? undefined
+    : {
+        ...(options.maxSteps === undefined ? {} : { maxSteps: options.maxSteps }),
+        ...(options.maxCostUsd === undefined ? {} : { maxCostUsd: options.maxCostUsd })
+      }
 export type { TurnEvent, TurnResult } from "../services/GuestRpc.js"
 export type { NameBinding, SessionListing, SessionMeta } from "../services/SessionStore.js"
 export type { ScrubReport } from "../services/SecretScrubber.js"
@@ -256,7 +272,7 @@ const handleFor = async (
   let closing: Promise<void> | undefined
   const close = () => (closing ??= run(Scope.close(scope, Exit.void)))
   const iterate = (text: string, options?: TurnOptions): AsyncIterable<TurnEvent> =>
-    iterableOf(() => session.turn(text, options?.mode))
+    iterableOf(() => session.turn(text, options?.mode, limitsOf(options)))
   const handle: SessionHandle = {
     id: session.id,
     dir: session.dir,
@@ -348,7 +364,7 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
   const turn = (text: string, options?: TurnOptions) => {
     if (closed) throw new Error(`session handle ${id} is closed`)
     // shell and prompt turns go the same way: the supervisor runs them on its session
-    return iterableOf(() => Detached.remoteTurn(id, text, options?.mode ?? "shell"))
+    return iterableOf(() => Detached.remoteTurn(id, text, options?.mode ?? "shell", limitsOf(options)))
   }
   const close = async () => {
     closed = true

@@ -5,7 +5,7 @@ import type * as Scope from "effect/Scope"
 import * as Schema from "effect/Schema"
 import type * as Stream from "effect/Stream"
 import type { TransferFailed } from "../domain/transfer.js"
-import type { AgentEvent, HelloMessage, TurnSignalName } from "../protocol/Messages.js"
+import type { AgentEvent, HelloMessage, TurnLimits, TurnSignalName } from "../protocol/Messages.js"
 
 export class GuestTooOld extends Schema.TaggedError<GuestTooOld>()("GuestTooOld", {
   protocol: Schema.Number,
@@ -132,8 +132,15 @@ export interface GuestConnection {
    * stream fails unless the guest ends it with `transfer_end`
    */
   readonly exportTree: (request: ExportRequest) => Stream.Stream<Uint8Array, TransferFailed | GuestRpcError>
-  /** one turn: its events as they come, ending with `End`; interrupting the stream cancels the turn */
-  readonly turn: (text: string, mode?: "shell" | "prompt") => Stream.Stream<TurnEvent, GuestRpcError>
+  /**
+   * one turn: its events as they come, ending with `End`; interrupting the stream cancels the
+   * turn. `limits` (a prompt turn's max steps and cost) go only to a guest listing FEATURE_LIMITS
+   */
+  readonly turn: (
+    text: string,
+    mode?: "shell" | "prompt",
+    limits?: TurnLimits
+  ) => Stream.Stream<TurnEvent, GuestRpcError>
   /**
    * one shell command on a pseudo-terminal in the guest (protocol `tty_turn`): its output is
    * `stdout` events (the terminal's bytes), then `End`; `request.controls` is read while it runs.

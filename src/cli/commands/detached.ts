@@ -31,7 +31,7 @@ import { parseLine } from "../interactive.js"
 import { CliExit, edge, printJson } from "../render.js"
 import { jsonEvent, printEvent, turnExitCode } from "../turnOutput.js"
 import { json } from "./list.js"
-import { bootOptions } from "./session.js"
+import { bootOptions, maxCost, maxSteps, turnLimitsOf } from "./session.js"
 import { sessionRef } from "./show.js"
 import { escapeControl } from "../../lib/text.js"
 
@@ -348,6 +348,8 @@ export const execCommand = Command.make(
       Options.optional,
       Options.withDescription("a turn for the model agent (instead of a command after --)")
     ),
+    maxSteps,
+    maxCost,
     json,
     turn: Args.text({ name: "cmd" }).pipe(Args.repeated, Args.withDescription("the command, after --"))
   },
@@ -357,6 +359,7 @@ export const execCommand = Command.make(
         Effect.gen(function* () {
           const env = yield* envPairs(args.env)
           const turn = yield* execTurnOf(args)
+          const limits = yield* turnLimitsOf(args)
           if (args.tty && turn.mode === "prompt")
             return yield* new ExecUsageError({ message: "-t is for shell commands, not --prompt" })
           if (args.interactive && !args.tty)
@@ -372,6 +375,7 @@ export const execCommand = Command.make(
           yield* connection.send({
             type: "turn",
             ...turn,
+            ...(limits === undefined ? {} : { limits }),
             ...(tty !== undefined ? { tty } : {}),
             ...(args.env.length > 0 ? { env } : {}),
             ...(Option.isSome(args.workdir) ? { cwd: args.workdir.value } : {}),

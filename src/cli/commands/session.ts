@@ -7,13 +7,16 @@ import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
 import {
+  InvalidOption,
   open,
   resume,
+  turnLimitsProblem,
   type BootOptions,
   type OpenOptions,
   type Session,
   type TurnMode
 } from "../../programs/session.js"
+import type { TurnLimits } from "../../protocol/Messages.js"
 import type { TurnEvent } from "../../services/GuestRpc.js"
 import { HttpsBroker } from "../../services/HttpsBroker.js"
 import { remove } from "../../programs/remove.js"
@@ -67,6 +70,38 @@ const prompt = Options.text("prompt").pipe(
   Options.optional,
   Options.withDescription("one turn for the model agent (instead of a shell command after --)")
 )
+
+export const maxSteps = Options.integer("max-steps").pipe(
+  Options.optional,
+  Options.withDescription(
+    "with --prompt: end the turn after this many model requests (1-1000; default the session's, 50)"
+  )
+)
+export const maxCost = Options.float("max-cost").pipe(
+  Options.optional,
+  Options.withDescription(
+    "with --prompt: end the turn once it has cost this many US dollars (from the usage and the model catalog's prices)"
+  )
+)
+
+/** `--max-steps` / `--max-cost` as a prompt turn's limits; the flags' own mistakes are usage errors */
+export const turnLimitsOf = (args: {
+  readonly maxSteps: Option.Option<number>
+  readonly maxCost: Option.Option<number>
+  readonly prompt: Option.Option<string>
+}): Effect.Effect<TurnLimits | undefined, UsageError> => {
+  if (Option.isNone(args.maxSteps) && Option.isNone(args.maxCost)) return Effect.succeed(undefined)
+  if (Option.isNone(args.prompt))
+    return Effect.fail(new UsageError({ message: "--max-steps and --max-cost are for a --prompt turn" }))
+  if (Option.isSome(args.maxSteps) && !(args.maxSteps.value >= 1 && args.maxSteps.value <= 1000))
+    return Effect.fail(new UsageError({ message: "--max-steps must be from 1 to 1000" }))
+  if (Option.isSome(args.maxCost) && !(args.maxCost.value > 0 && Number.isFinite(args.maxCost.value)))
+    return Effect.fail(new UsageError({ message: "--max-cost must be a positive number of US dollars" }))
+  return Effect.succeed({
+    ...(Option.isSome(args.maxSteps) ? { maxSteps: args.maxSteps.value } : {}),
+    ...(Option.isSome(args.maxCost) ? { maxCostUsd: args.maxCost.value } : {})
+  })
+}
 
 /** `--prompt` or the words after `--`, never both */
 const turnOf = (args: { readonly prompt: Option.Option<string>; readonly turn: ReadonlyArray<string> }) =>
@@ -125,9 +160,15 @@ const openFromArgs = (
 const writeJsonLine = (value: unknown) => writeOutput(process.stdout, JSON.stringify(value) + "\n")
 
 /** One turn to the terminal: output as it comes; the end's exit status is returned. */
-export const printTurn = (session: Session, text: string, asJson: boolean, mode: TurnMode = "shell") =>
+export const printTurn = (
+  session: Session,
+  text: string,
+  asJson: boolean,
+  mode: TurnMode = "shell",
+  limits?: TurnLimits
+) =>
   session
-    .turn(text, mode)
+    .turn(text, mode, limits)
     .pipe(
       Stream.runFoldEffect(undefined as TurnEvent | undefined, (_, event) =>
         Effect.as(asJson ? writeJsonLine({ event: jsonEvent(event) }) : printEvent(event), event)
@@ -138,12 +179,16 @@ export const printTurn = (session: Session, text: string, asJson: boolean, mode:
 const oneTurn = (
   session: Session,
   turn: { readonly text: string; readonly mode: TurnMode },
-  asJson: boolean
+  asJson: boolean,
+  limits?: TurnLimits
 ) =>
   Effect.gen(function* () {
     if (asJson) yield* writeJsonLine({ session: session.id, dir: session.dir })
     else yield* Console.error(`abox: session ${escapeControl(session.id)}`)
-    const end = yield* printTurn(session, turn.text, asJson, turn.mode)
+    // limits this session cannot honour (an older guest, a model without prices): refused before the turn
+    const problem = turnLimitsProblem(session.hello, session.modelSpec, turn.mode, limits)
+    if (problem !== undefined) return yield* new InvalidOption(problem)
+    const end = yield* printTurn(session, turn.text, asJson, turn.mode, limits)
     const code = turnExitCode(end)
     if (code !== 0) return yield* new CliExit({ code, tag: "TurnExit" })
   })
@@ -165,11 +210,14 @@ export const run = Command.make(
     ),
     json,
     prompt,
+    maxSteps,
+    maxCost,
     turn: turnWords
   },
   (args) =>
     edge({ json: args.json })(
       Effect.gen(function* () {
+        const limits = yield* turnLimitsOf(args)
         if (args.turn.length === 0 && Option.isNone(args.prompt)) {
           return yield* new UsageError({
             message:
@@ -207,7 +255,7 @@ export const run = Command.make(
                 progressBar(!args.json && process.stderr.isTTY === true)
               )
               yield* Ref.set(opened, session)
-              yield* oneTurn(session, turn, args.json)
+              yield* oneTurn(session, turn, args.json, limits)
             })
           )
         ).pipe(Effect.ensuring(afterClose))
@@ -253,13 +301,14 @@ export const openCommand = Command.make(
 
 export const resumeCommand = Command.make(
   "resume",
-  { ref: sessionRef, model, cpus, memory, agent, policy, json, prompt, turn: turnWords },
+  { ref: sessionRef, model, cpus, memory, agent, policy, json, prompt, maxSteps, maxCost, turn: turnWords },
   (args) =>
     edge({ json: args.json })(
       holdingSession(
         Effect.scoped(
           Effect.gen(function* () {
             const turn = yield* turnOf(args)
+            const limits = yield* turnLimitsOf(args)
             const interactiveMode = args.turn.length === 0 && Option.isNone(args.prompt)
             const session = yield* resume(
               args.ref,
@@ -270,7 +319,7 @@ export const resumeCommand = Command.make(
             )
             if (interactiveMode)
               yield* interactive(session, { lines: args.agent.length > 0 ? "shell" : "prompt" })
-            else yield* oneTurn(session, turn, args.json)
+            else yield* oneTurn(session, turn, args.json, limits)
           })
         )
       )

@@ -30,12 +30,21 @@ import * as ManagedRuntime from "effect/ManagedRuntime"
 import * as Redacted from "effect/Redacted"
 import { Agent, type buildConnector } from "undici"
 import type { ModelSpec } from "../../protocol/GuestConfig.js"
-import type { AgentEvent } from "../../protocol/Messages.js"
+import type { AgentEvent, TurnLimits } from "../../protocol/Messages.js"
 import { CREDENTIAL_PLACEHOLDER } from "../../protocol/GuestConfig.js"
 import type { TurnUser } from "../user.js"
 import * as ChatLanguageModel from "./chat.js"
-import { DEFAULT_MAX_STEPS, messagesOf, promptFromMessages, promptTurn, type Conversation } from "./loop.js"
-import { AgentToolkit, killAllTools, makeHandlers } from "./tools.js"
+import { pathsSeen, ReadLedger } from "./fileText.js"
+import { instructionsSection, readInstructions } from "./instructions.js"
+import {
+  DEFAULT_MAX_STEPS,
+  messagesOf,
+  promptFromMessages,
+  promptTurn,
+  SYSTEM_PROMPT,
+  type Conversation
+} from "./loop.js"
+import { AgentToolkit, killAllTools, makeHandlers, resolveRepoPath } from "./tools.js"
 
 export interface ModelAgentOptions {
   /** absent: every prompt turn ends with an error saying so */
@@ -52,17 +61,26 @@ export interface ModelAgentOptions {
   /** extra CAs to trust (the session's broker CA) */
   readonly caPems?: ReadonlyArray<string> | undefined
   readonly log: (line: string) => void
+  /**
+   * after each completed step of a prompt turn, the conversation so far (context.json is saved:
+   * a VM killed mid-turn loses no finished step); awaited before the next step
+   */
+  readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined
 }
 
 export interface PromptOutcome {
-  readonly reason: "done" | "max_steps" | "cancelled" | "error"
+  readonly reason: "done" | "max_steps" | "max_cost" | "cancelled" | "error"
   readonly steps: number
   readonly message?: string | undefined
 }
 
 export interface ModelAgent {
-  /** one prompt turn; events are awaited (back pressure) */
-  readonly run: (text: string, sink: (event: AgentEvent) => Promise<void> | void) => Promise<PromptOutcome>
+  /** one prompt turn; events are awaited (back pressure); `limits` over the session's max steps */
+  readonly run: (
+    text: string,
+    sink: (event: AgentEvent) => Promise<void> | void,
+    limits?: TurnLimits
+  ) => Promise<PromptOutcome>
   /** interrupt the running turn (stream and tool at once); true when one was running */
   readonly cancel: () => boolean
   /** the conversation as context.json keeps it */
@@ -234,12 +252,17 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     spec === undefined
       ? undefined
       : ManagedRuntime.make(languageModelLayer(spec, http) as Layer.Layer<LanguageModel.LanguageModel>)
-  const toolkitLayer = AgentToolkit.toLayer(
-    makeHandlers({ repoDir: options.repoDir, user: options.user, env: options.env })
-  )
+  // what the model read in this conversation, its restored part included (edit_file needs it)
+  const ledger = new ReadLedger()
+  for (const file of pathsSeen(options.messages)) {
+    const resolved = resolveRepoPath(options.repoDir, file)
+    if (resolved.ok) ledger.add(resolved.path)
+  }
+  const tools = { repoDir: options.repoDir, user: options.user, env: options.env, ledger }
+  const toolkitLayer = AgentToolkit.toLayer(makeHandlers(tools))
   let running: Fiber.RuntimeFiber<PromptOutcome> | undefined
 
-  const run: ModelAgent["run"] = async (text, sink) => {
+  const run: ModelAgent["run"] = async (text, sink, limits) => {
     if (runtime === undefined || spec === undefined) {
       const message =
         "no model is configured for this session: its --model alias is not in the model catalog (docs/on-disk.md, models.json); shell commands still work"
@@ -250,9 +273,19 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     const emit = (event: AgentEvent) => Effect.promise(() => Promise.resolve(sink(event)))
     const turn = Effect.gen(function* () {
       const toolkit = yield* AgentToolkit.pipe(Effect.provide(toolkitLayer))
+      // the repository's AGENTS.md / CLAUDE.md, read afresh for each turn
+      const instructions = instructionsSection(yield* readInstructions(tools))
+      const onStep = options.onStep
       return yield* promptTurn(text, conversation, toolkit, {
         spec,
-        maxSteps: options.maxSteps ?? DEFAULT_MAX_STEPS,
+        maxSteps: limits?.maxSteps ?? options.maxSteps ?? DEFAULT_MAX_STEPS,
+        maxCostUsd: limits?.maxCostUsd,
+        systemPrompt: instructions === undefined ? SYSTEM_PROMPT : `${SYSTEM_PROMPT}\n\n${instructions}`,
+        // uninterruptible: a cancel waits for the save in progress, never races the turn's last one
+        onStep:
+          onStep === undefined
+            ? undefined
+            : () => Effect.uninterruptible(Effect.promise(() => onStep(messagesOf(conversation.prompt)))),
         emit,
         lastRefusal: () => lastRefusal
       })

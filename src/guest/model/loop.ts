@@ -1,8 +1,14 @@
 /**
  * The agent loop of a prompt turn: user text → model request (streamed) → tool calls → results →
- * model … → final answer, at most `maxSteps` requests. Every step's text deltas, tool calls and
+ * model … → final answer, at most `maxSteps` requests and, with `maxCostUsd`, until the turn's
+ * cost (usage × the catalog's prices) reaches it. Every step's text deltas, tool calls and
  * results become events as they happen; the conversation (an @effect/ai Prompt) grows by each
- * completed step, so a cancelled or failed turn keeps what was finished.
+ * completed step and is handed to `onStep` (context.json is saved), so a cancelled, failed or
+ * killed turn keeps what was finished.
+ *
+ * Near the context window the conversation is compacted: the model is asked for a summary of
+ * the earlier exchanges, which replaces them; when that request fails, older tool outputs are
+ * trimmed and the oldest exchanges dropped instead (`compact`).
  *
  * Model errors are events, never hangs: 401/403 name the host's key variable, 429/529/5xx are
  * retried with backoff (each retry an event), a broker refusal is reported with its reason, a
@@ -45,13 +51,19 @@ export type Emit = (event: AgentEvent) => Effect.Effect<void>
 export interface LoopOptions {
   readonly spec: ModelSpec
   readonly maxSteps: number
+  /** US dollars: the turn stops once its cost reaches this (needs the spec's prices) */
+  readonly maxCostUsd?: number | undefined
+  /** the system prompt (default SYSTEM_PROMPT) */
+  readonly systemPrompt?: string | undefined
+  /** after each completed step, the conversation holding it (context.json is saved) */
+  readonly onStep?: (() => Effect.Effect<void>) | undefined
   readonly emit: Emit
   /** the broker's last refusal (host, port, reason), for a transport error's message */
   readonly lastRefusal: () => string | undefined
 }
 
 export interface TurnSummary {
-  readonly reason: "done" | "max_steps" | "error"
+  readonly reason: "done" | "max_steps" | "max_cost" | "error"
   readonly steps: number
   readonly message?: string
 }
@@ -273,7 +285,10 @@ const step = (
       const parts: Array<Response.AnyPart> = []
       const started = yield* Ref.make(false)
       const outcome = yield* LanguageModel.streamText({
-        prompt: Prompt.merge(Prompt.make([{ role: "system", content: SYSTEM_PROMPT }]), prompt),
+        prompt: Prompt.merge(
+          Prompt.make([{ role: "system", content: options.systemPrompt ?? SYSTEM_PROMPT }]),
+          prompt
+        ),
         toolkit,
         concurrency: 1
       }).pipe(
@@ -338,6 +353,122 @@ export interface Conversation {
   prompt: Prompt.Prompt
 }
 
+/** US dollars for these tokens at the spec's prices (per million); undefined without prices */
+export const costOf = (spec: ModelSpec, input: number, output: number): number | undefined =>
+  spec.inputPrice !== undefined && spec.outputPrice !== undefined
+    ? (input * spec.inputPrice + output * spec.outputPrice) / 1_000_000
+    : undefined
+
+const dollars = (usd: number) => `$${usd < 0.01 ? usd.toFixed(4) : usd.toFixed(2)}`
+
+export const SUMMARY_HEADER =
+  "[Summary of the earlier conversation, written when the context window filled up; the exchanges it replaces were dropped]"
+const SUMMARY_REQUEST = `The conversation above is about to be dropped to fit the context window; only your summary of it will remain. Write that summary for yourself, to carry on the work without it: the user's requests and their intent, what was done and found (files read or changed, commands run and their results, errors and how they were solved), the decisions taken, and what is still to do. Be specific (paths, names, numbers); leave out what no longer matters. Answer with the summary only.`
+/** characters of one message's text in the summary request's transcript */
+const TRANSCRIPT_PART_CHARS = 4000
+
+/** the messages as a plain transcript for the summary request (each part clipped) */
+export const transcriptOf = (messages: ReadonlyArray<Prompt.MessageEncoded>): string => {
+  const clipPart = (text: string) =>
+    text.length > TRANSCRIPT_PART_CHARS
+      ? `${text.slice(0, TRANSCRIPT_PART_CHARS / 2)}\n[… ${text.length - TRANSCRIPT_PART_CHARS} characters cut …]\n${text.slice(-TRANSCRIPT_PART_CHARS / 2)}`
+      : text
+  const out: Array<string> = []
+  for (const message of messages) {
+    if (message.role === "system") continue
+    const parts =
+      typeof message.content === "string" ? [{ type: "text", text: message.content }] : message.content
+    for (const part of parts as ReadonlyArray<Record<string, unknown>>) {
+      if (part.type === "text" && typeof part.text === "string") {
+        out.push(`${message.role}: ${clipPart(part.text)}`)
+      } else if (part.type === "tool-call") {
+        out.push(`assistant called ${String(part.name)}: ${clipPart(JSON.stringify(part.params ?? {}))}`)
+      } else if (part.type === "tool-result") {
+        const result = part.result as Partial<ToolOutput> | undefined
+        const text = typeof result?.output === "string" ? result.output : JSON.stringify(part.result)
+        out.push(
+          `${String(part.name)} result${result?.isError === true ? " (error)" : ""}: ${clipPart(text)}`
+        )
+      }
+    }
+  }
+  return out.join("\n\n")
+}
+
+/**
+ * Where the summary ends and the kept messages begin: the current user request and what followed
+ * it are kept; a turn that alone fills the window keeps its last `KEEP_RECENT_MESSAGES` messages
+ * from an assistant message on (a tool result never loses its call). Undefined: nothing to summarise.
+ */
+export const summarySplit = (messages: ReadonlyArray<Prompt.MessageEncoded>): number | undefined => {
+  const lastUser = messages.findLastIndex((message) => message.role === "user")
+  if (lastUser > 0) return lastUser
+  for (let i = messages.length - KEEP_RECENT_MESSAGES; i >= 1; i--) {
+    if (messages[i]!.role === "assistant") return i
+  }
+  return undefined
+}
+
+/**
+ * Compaction by the model: the messages before `summarySplit` are sent as a transcript with a
+ * request for a summary, which replaces them (opening the first kept user message, or as a user
+ * message of its own before a kept assistant message). Fails when the request does (the caller
+ * then trims instead); the request's usage is returned to be counted. Undefined: nothing to
+ * summarise (one exchange fills the window: it is trimmed).
+ */
+const summarise = (
+  prompt: Prompt.Prompt,
+  limit: number
+): Effect.Effect<
+  | {
+      readonly prompt: Prompt.Prompt
+      readonly summarised: number
+      readonly input: number
+      readonly output: number
+    }
+  | undefined,
+  AiError.AiError | StepFailed,
+  LanguageModel.LanguageModel
+> =>
+  Effect.gen(function* () {
+    const messages = encodePrompt(prompt).content as ReadonlyArray<Prompt.MessageEncoded>
+    const split = summarySplit(messages)
+    if (split === undefined) return undefined
+    // the transcript itself stays well inside the window (4 characters a token)
+    const transcript = capTranscript(transcriptOf(messages.slice(0, split)), limit * 2)
+    const response = yield* LanguageModel.generateText({
+      prompt: [
+        {
+          role: "system",
+          content:
+            "You summarise a coding agent's conversation so that the agent can carry on from the summary alone."
+        },
+        { role: "user", content: `<conversation>\n${transcript}\n</conversation>\n\n${SUMMARY_REQUEST}` }
+      ]
+    })
+    const summary = response.text.trim()
+    if (summary === "") return yield* new StepFailed({ message: "the summary came back empty" })
+    const header = { type: "text" as const, text: `${SUMMARY_HEADER}\n${summary}` }
+    const kept = [...messages.slice(split)]
+    const first = kept[0]!
+    if (first.role === "user") {
+      const parts: ReadonlyArray<Prompt.UserMessagePartEncoded> =
+        typeof first.content === "string" ? [{ type: "text", text: first.content }] : first.content
+      kept[0] = { ...first, content: [header, ...parts] }
+    } else kept.unshift({ role: "user", content: [header] })
+    return {
+      prompt: Schema.decodeUnknownSync(Prompt.Prompt)({ content: kept }),
+      summarised: split,
+      input: response.usage.inputTokens ?? 0,
+      output: response.usage.outputTokens ?? 0
+    }
+  })
+
+const capTranscript = (text: string, max: number) =>
+  text.length <= max
+    ? text
+    : `${text.slice(0, max / 4)}\n[… earlier part cut …]\n${text.slice(-(max * 3) / 4)}`
+
 /**
  * One prompt turn over `conversation` (updated in place after each completed step). Usage is
  * emitted once at the end (tokens of every request; cost when the spec has prices).
@@ -349,16 +480,20 @@ export const promptTurn = (
   options: LoopOptions
 ): Effect.Effect<TurnSummary, never, LanguageModel.LanguageModel> =>
   Effect.gen(function* () {
+    const { maxCostUsd } = options
+    if (maxCostUsd !== undefined && costOf(options.spec, 0, 0) === undefined) {
+      return {
+        reason: "error" as const,
+        steps: 0,
+        message: `a spending limit (max cost) needs the model's prices, and the model catalog has none for ${options.spec.id}: set inputPrice and outputPrice (US dollars per million tokens) in its models.json entry`
+      }
+    }
     conversation.prompt = Prompt.merge(conversation.prompt, Prompt.make([{ role: "user", content: text }]))
     const usage = { input: 0, output: 0 }
     const limit = Math.floor((options.spec.contextWindow ?? 128_000) * COMPACT_AT)
     const emitUsage = Effect.suspend(() => {
       if (usage.input === 0 && usage.output === 0) return Effect.void
-      const { inputPrice, outputPrice } = options.spec
-      const cost =
-        inputPrice !== undefined && outputPrice !== undefined
-          ? (usage.input * inputPrice + usage.output * outputPrice) / 1_000_000
-          : undefined
+      const cost = costOf(options.spec, usage.input, usage.output)
       return options.emit({
         kind: "usage",
         model: options.spec.id,
@@ -377,19 +512,55 @@ export const promptTurn = (
             message: `stopped after ${steps} model requests (max steps)`
           }
         }
-        const compacted = compact(conversation.prompt, limit)
-        if (compacted.note !== undefined) {
-          conversation.prompt = compacted.prompt
-          yield* options.emit({ kind: "status", message: compacted.note })
+        if (estimateTokens(conversation.prompt) > limit) {
+          const before = estimateTokens(conversation.prompt)
+          const window = Math.round(limit / COMPACT_AT)
+          const summarised = yield* Effect.either(summarise(conversation.prompt, limit))
+          if (Either.isRight(summarised) && summarised.right === undefined) {
+            const compacted = compact(conversation.prompt, limit)
+            conversation.prompt = compacted.prompt
+            if (compacted.note !== undefined) yield* options.emit({ kind: "status", message: compacted.note })
+          } else if (Either.isRight(summarised) && summarised.right !== undefined) {
+            usage.input += summarised.right.input
+            usage.output += summarised.right.output
+            // a kept exchange that is still too big has its older tool outputs trimmed too
+            const trimmed = compact(summarised.right.prompt, limit)
+            conversation.prompt = trimmed.prompt
+            yield* options.emit({
+              kind: "status",
+              message: `context compacted (≈${before} → ≈${estimateTokens(conversation.prompt)} tokens of ${window}): the model summarised the ${summarised.right.summarised} earlier message${summarised.right.summarised === 1 ? "" : "s"}`
+            })
+          } else if (Either.isLeft(summarised)) {
+            const why =
+              summarised.left._tag === "StepFailed"
+                ? summarised.left.message
+                : describeModelError(summarised.left, options.spec, options.lastRefusal())
+            const compacted = compact(conversation.prompt, limit)
+            conversation.prompt = compacted.prompt
+            yield* options.emit({
+              kind: "status",
+              message: `the summary for compaction failed (${why}); ${compacted.note ?? "nothing to trim"}`
+            })
+          }
+          if (options.onStep !== undefined) yield* options.onStep()
         }
         steps++
         const parts = yield* step(conversation.prompt, toolkit, options)
         conversation.prompt = Prompt.merge(conversation.prompt, Prompt.fromResponseParts(parts))
+        if (options.onStep !== undefined) yield* options.onStep()
         const finish = parts.find((part): part is Response.FinishPart => part.type === "finish")
         usage.input += finish?.usage.inputTokens ?? 0
         usage.output += finish?.usage.outputTokens ?? 0
         const calledTools = parts.some((part) => part.type === "tool-call")
         if (!calledTools) return { reason: "done" as const, steps }
+        const spent = costOf(options.spec, usage.input, usage.output)
+        if (maxCostUsd !== undefined && spent !== undefined && spent >= maxCostUsd) {
+          return {
+            reason: "max_cost" as const,
+            steps,
+            message: `stopped after ${steps} model request${steps === 1 ? "" : "s"}: spent ${dollars(spent)} of the ${dollars(maxCostUsd)} limit (max cost)`
+          }
+        }
       }
     }).pipe(
       Effect.catchTag("StepFailed", (error) =>

@@ -5,8 +5,9 @@
  *
  * - `shell`: `/bin/sh -c <command>` (git is used through it). Not named `bash`: @effect/ai-anthropic
  *   takes a tool of that name for Anthropic's provider-defined bash tool.
- * - `read_file` (a range of lines), `write_file`, `edit_file` (an exact replacement that must match
- *   once): each open, read and write is done by a child process running as the owner
+ * - `read_file` (numbered lines, a range of them), `write_file`, `edit_file` (an exact replacement
+ *   that must match once, or every match with `replace_all`; only of a file read in this
+ *   conversation): each open, read and write is done by a child process running as the owner
  *   (./ownerFiles.ts), so the kernel checks it as the owner's own; a special file (FIFO, device,
  *   socket) is refused, and a slow one blocks only that child, which the timeout or a cancel kills.
  * - `list_files`, `search`: ripgrep when the image has it, else find / grep.
@@ -27,6 +28,7 @@ import * as Schema from "effect/Schema"
 import { GUEST_REPO_PATH } from "../agent.js"
 import type { TurnUser } from "../user.js"
 import { killAllFileOps, runFileOp, type FileOpError } from "./ownerFiles.js"
+import { DEFAULT_READ_LINES, numberedLines, ReadLedger, replaceText } from "./fileText.js"
 
 /** characters of tool output the model sees at most (half head, half tail) */
 export const DEFAULT_OUTPUT_CAP = 30_000
@@ -36,7 +38,6 @@ const FILE_TOOL_TIMEOUT = Duration.seconds(30)
 const READ_FILE_MAX_BYTES = 4 * 1024 * 1024
 /** the largest file edit_file reads (it must hold the whole text) */
 const EDIT_FILE_MAX_BYTES = 16 * 1024 * 1024
-const DEFAULT_READ_LINES = 2000
 
 /** what every tool returns to the model */
 export const ToolOutput = Schema.Struct({
@@ -65,7 +66,9 @@ export const ShellTool = Tool.make("shell", {
   success: ToolOutput
 })
 export const ReadFileTool = Tool.make("read_file", {
-  description: "Read a text file, optionally a range of lines (1-based).",
+  description:
+    "Read a text file, optionally a range of lines (1-based). Each line comes as its number, a tab, then the line " +
+    "(the number is not part of the file: leave it out of edit_file's strings).",
   parameters: {
     path: PathParam,
     offset: Schema.optional(Schema.Number).annotations({ description: "first line to read (1-based)" }),
@@ -82,8 +85,16 @@ export const WriteFileTool = Tool.make("write_file", {
 })
 export const EditFileTool = Tool.make("edit_file", {
   description:
-    "Replace an exact string in a file. old_string must occur exactly once (include enough context to make it unique).",
-  parameters: { path: PathParam, old_string: Schema.String, new_string: Schema.String },
+    "Replace an exact string in a file read with read_file in this conversation. old_string must occur exactly once " +
+    "(include enough context to make it unique), unless replace_all is set: then every occurrence is replaced.",
+  parameters: {
+    path: PathParam,
+    old_string: Schema.String,
+    new_string: Schema.String,
+    replace_all: Schema.optional(Schema.Boolean).annotations({
+      description: "replace every occurrence of old_string (default false: it must be unique)"
+    })
+  },
   success: ToolOutput
 })
 export const ListFilesTool = Tool.make("list_files", {
@@ -150,6 +161,8 @@ export interface ToolEnvironment {
   /** the turn environment (PATH, HOME, proxy variables, placeholders) */
   readonly env: Readonly<Record<string, string>>
   readonly outputCap?: number
+  /** the files read in this conversation (edit_file needs one); default: a new, empty one */
+  readonly ledger?: ReadLedger
 }
 
 /** signal a whole process group; ESRCH (already gone) is not an error */
@@ -315,6 +328,7 @@ export const makeHandlers = (tools: ToolEnvironment) => {
       Effect.asVoid(runFileOp(tools.user, tools.repoDir, { op: "write", path: file, content, parents }))
   })
   const cap = tools.outputCap ?? DEFAULT_OUTPUT_CAP
+  const ledger = tools.ledger ?? new ReadLedger()
   const timed = (effect: Effect.Effect<Omit<ToolOutput, "durationMs">>): Effect.Effect<ToolOutput> =>
     Effect.gen(function* () {
       const started = yield* Clock.currentTimeMillis
@@ -327,7 +341,7 @@ export const makeHandlers = (tools: ToolEnvironment) => {
   /** an operation on a repository path, its file operations done by the owner's child */
   const inRepo = (
     requested: string,
-    operation: (owner: OwnerFiles) => Effect.Effect<Omit<ToolOutput, "durationMs">, FileOpError>
+    operation: (owner: OwnerFiles, absolute: string) => Effect.Effect<Omit<ToolOutput, "durationMs">, FileOpError>
   ): Effect.Effect<ToolOutput> =>
     timed(
       Effect.suspend(() => {
@@ -335,7 +349,7 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         if (!resolved.ok) return Effect.succeed(fail(`refused: ${resolved.reason}`))
         // relative to the repository, the child's working directory
         const file = path.relative(tools.repoDir, resolved.path) || "."
-        return operation(ownerFiles(file)).pipe(
+        return operation(ownerFiles(file), resolved.path).pipe(
           Effect.timeoutOption(FILE_TOOL_TIMEOUT),
           Effect.map(
             Option.getOrElse(() =>
@@ -403,43 +417,42 @@ export const makeHandlers = (tools: ToolEnvironment) => {
         )
       ),
     read_file: ({ path: requested, offset, limit }) =>
-      inRepo(requested, (owner) =>
+      inRepo(requested, (owner, absolute) =>
         Effect.map(owner.read(READ_FILE_MAX_BYTES, false), (bytes) => {
           const read = bytes.length
           const text = bytes.subarray(0, Math.min(read, READ_FILE_MAX_BYTES)).toString("utf8")
-          const lines = text.split("\n")
-          const first = Math.max(1, Math.floor(offset ?? 1))
-          const count = Math.max(1, Math.floor(limit ?? DEFAULT_READ_LINES))
-          const slice = lines.slice(first - 1, first - 1 + count)
-          const more = first - 1 + count < lines.length
+          const lines = numberedLines(text, offset, limit)
+          if (!lines.ok) return fail(`${requested}: ${lines.reason}`)
+          ledger.add(absolute)
           const note =
-            (more ? `\n[lines ${first}-${first + slice.length - 1} of ${lines.length}]` : "") +
-            (read > READ_FILE_MAX_BYTES
+            read > READ_FILE_MAX_BYTES
               ? `\n[file larger than ${READ_FILE_MAX_BYTES} bytes; the rest was not read]`
-              : "")
-          return ok(slice.join("\n") + note)
+              : ""
+          return ok(lines.text + note)
         })
       ),
     write_file: ({ path: requested, content }) =>
-      inRepo(requested, (owner) =>
-        Effect.as(owner.write(content, true), ok(`wrote ${Buffer.byteLength(content)} bytes to ${requested}`))
+      inRepo(requested, (owner, absolute) =>
+        Effect.map(owner.write(content, true), () => {
+          // the model knows what it wrote: an edit of it needs no read first
+          ledger.add(absolute)
+          return ok(`wrote ${Buffer.byteLength(content)} bytes to ${requested}`)
+        })
       ),
-    edit_file: ({ path: requested, old_string, new_string }) =>
-      inRepo(requested, (owner) =>
+    edit_file: ({ path: requested, old_string, new_string, replace_all }) =>
+      inRepo(requested, (owner, absolute) =>
         Effect.gen(function* () {
-          if (old_string === "") return fail("old_string is empty; use write_file to create a file")
+          if (!ledger.has(absolute)) {
+            return fail(`refused: read ${requested} with read_file before editing it`)
+          }
           const bytes = yield* owner.read(EDIT_FILE_MAX_BYTES, true)
           if (bytes.length > EDIT_FILE_MAX_BYTES) {
             return fail(`${requested} is larger than ${EDIT_FILE_MAX_BYTES} bytes; edit it with the shell`)
           }
-          const text = bytes.toString("utf8")
-          const first = text.indexOf(old_string)
-          if (first < 0) return fail(`old_string was not found in ${requested}`)
-          if (text.indexOf(old_string, first + 1) >= 0) {
-            return fail(`old_string occurs more than once in ${requested}; include more context`)
-          }
-          yield* owner.write(text.slice(0, first) + new_string + text.slice(first + old_string.length), false)
-          return ok(`edited ${requested}`)
+          const edited = replaceText(bytes.toString("utf8"), old_string, new_string, replace_all === true)
+          if (!edited.ok) return fail(`${requested}: ${edited.reason}`)
+          yield* owner.write(edited.text, false)
+          return ok(`edited ${requested}${edited.count === 1 ? "" : ` (${edited.count} occurrences replaced)`}`)
         })
       ),
     list_files: ({ path: requested }) => {

@@ -9,7 +9,13 @@ import * as Effect from "effect/Effect"
 import * as Chunk from "effect/Chunk"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
-import { FEATURE_OUTPUT, FEATURE_TTY, type HelloMessage } from "../../protocol/Messages.js"
+import {
+  FEATURE_LIMITS,
+  FEATURE_OUTPUT,
+  FEATURE_TTY,
+  type HelloMessage,
+  type TurnLimits
+} from "../../protocol/Messages.js"
 import { OutputRecordDecoder } from "../../protocol/TurnOutput.js"
 import {
   type GuestRpcError,
@@ -187,18 +193,31 @@ export const makeTurns = (
       )
     })
 
-  const sendTurn = (text: string, mode: "shell" | "prompt" | undefined, output?: number) =>
+  const sendTurn = (
+    text: string,
+    mode: "shell" | "prompt" | undefined,
+    output?: number,
+    limits?: TurnLimits
+  ) =>
     Effect.fn("GuestRpc.turn")(function* (id: number) {
       yield* link.send({
         type: "user_turn",
         turn: id,
         text,
         ...(mode === "prompt" ? { mode } : {}),
-        ...(output === undefined ? {} : { output })
+        ...(output === undefined ? {} : { output }),
+        // a field an older guest would ignore: sent only to one that honours it
+        ...(mode === "prompt" && limits !== undefined && hello.features?.includes(FEATURE_LIMITS) === true
+          ? { limits }
+          : {})
       })
     })
 
-  const turn = (text: string, mode?: "shell" | "prompt"): Stream.Stream<TurnEvent, GuestRpcError> =>
+  const turn = (
+    text: string,
+    mode?: "shell" | "prompt",
+    limits?: TurnLimits
+  ): Stream.Stream<TurnEvent, GuestRpcError> =>
     // a shell turn's stdout/stderr on a channel of its own, under its credit (FEATURE_OUTPUT):
     // the channel is opened before user_turn names it, and reset when the turn's stream ends
     mode !== "prompt" && hello.features?.includes(FEATURE_OUTPUT) === true
@@ -206,7 +225,7 @@ export const makeTurns = (
           const output = link.unsafeChannel(nextChannel())
           return runTurn(sendTurn(text, mode, output.id), output)
         })
-      : runTurn(sendTurn(text, mode))
+      : runTurn(sendTurn(text, mode, undefined, limits))
 
   const ttyTurn = (
     text: string,
