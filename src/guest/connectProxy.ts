@@ -149,9 +149,7 @@ const handleConnection = (socket: net.Socket, options: ConnectProxyOptions) => {
         if (rest.length > 0) stream.write(rest)
         stream.on("error", () => socket.destroy())
         socket.on("close", () => stream.destroy())
-        // the host's last bytes reach the client: after the tunnel's end (pipe ends the socket) the
-        // socket closes once they are flushed; only a tunnel that broke closes it at once
-        stream.on("close", () => (socket.writableEnded ? socket.destroySoon() : socket.destroy()))
+        stream.on("close", () => socket.destroy())
         socket.pipe(stream)
         stream.pipe(socket)
         socket.resume()
