@@ -4,6 +4,9 @@
  * real host (certificate verified), with the credential header set on the way. Node's
  * `node:https`/`node:tls` over the tunnel's Duplex, served as a scoped Effect: the credential is
  * read by a fiber of the tunnel's scope, and closing the scope tears the connection down.
+ *
+ * The same server, in plain HTTP on both sides (`plain`), serves a policy's `localHttp` endpoint
+ * on the host's loopback: no TLS, no credential, only paths under the endpoint's path.
  */
 import * as Effect from "effect/Effect"
 import * as Queue from "effect/Queue"
