@@ -321,6 +321,51 @@ describe("prompt turns (fake backend, real broker)", () => {
     // the tool's output went back as a tool message
     expect(JSON.stringify(requests[1]!.body)).toContain("from-tool")
   })
+
+  it("a keyless model server over plain HTTP on the host's loopback (Ollama's http://127.0.0.1:11434/v1): the catalog entry alone opens that endpoint", async () => {
+    const plain = await startModelMock({ plain: true })
+    try {
+      const home = tempHome()
+      fs.writeFileSync(
+        path.join(home, "models.json"),
+        JSON.stringify({
+          format: 1,
+          models: {
+            ollama: {
+              provider: "openai",
+              api: "chat",
+              id: "qwen-local",
+              endpoint: `http://127.0.0.1:${plain.port}/v1`,
+              apiKeyEnv: null
+            }
+          }
+        })
+      )
+      plain.push({ kind: "text", chunks: ["from ", "loopback"], usage: { input: 10, output: 2 } })
+      const run = await abox(home, ["run", sourceDir(), "--model", "ollama", "--json", "-p", "say hello"], {})
+      expect(run.stderr).toBe("")
+      expect(run.code).toBe(0)
+      const events = jsonEvents(run.stdout)
+      expect(
+        events
+          .filter((e) => e.kind === "text")
+          .map((e) => e.delta)
+          .join("")
+      ).toBe("from loopback")
+      expect(events.at(-1)).toMatchObject({ kind: "agent_end", reason: "done", steps: 1 })
+      expect(plain.requests.map((r) => [r.method, r.path])).toEqual([["POST", "/v1/chat/completions"]])
+      // the server saw the Host a client on the host sends, and no placeholder key
+      expect(plain.requests[0]!.headers["host"]).toBe(`127.0.0.1:${plain.port}`)
+      expect(JSON.stringify(plain.requests[0]!.headers)).not.toContain("abox-placeholder")
+      // the broker log names the mode
+      const sessions = fs.readdirSync(path.join(home, "sessions"))
+      const log = fs.readFileSync(path.join(home, "sessions", sessions[0]!, "broker.log"), "utf8")
+      expect(log).toContain('"mode":"local-http"')
+      expect(log).toContain(`"address":"127.0.0.1"`)
+    } finally {
+      await plain.close()
+    }
+  })
 })
 
 describe("prompt turns in a detached session (fake backend, real broker, real processes)", () => {

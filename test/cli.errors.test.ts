@@ -6,6 +6,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import * as fs from "node:fs"
 import * as path from "node:path"
+import { makeSessionCa } from "../src/broker/ca.js"
 import { exitCodeFor } from "../src/cli/exitCodes.js"
 import { runCli, tempHome, withCliAndSource, writeSession } from "./cliHelpers.js"
 
@@ -143,6 +144,31 @@ describe("bad values said in words, before anything is made", () => {
     ).checks
     expect(checks.find((c) => c.name === "broker")).toMatchObject({ status: "fail" })
     expect(checks.find((c) => c.name === "broker")?.detail).toContain("allow[0].ports[0]")
+  })
+})
+
+describe("guestCaFiles", () => {
+  it("doctor lists what the guest will trust; a CA file holding a key stops the session, naming the file", async () => {
+    const home = tempHome()
+    const ca = await makeSessionCa({ commonName: "Example Corp Inspection CA" })
+    const good = path.join(home, "corp-ca.pem")
+    const bad = path.join(home, "corp-with-key.pem")
+    fs.writeFileSync(good, ca.certPem)
+    fs.writeFileSync(bad, `${ca.certPem}${ca.leaf("x.example").keyPem}`)
+    const policy = path.join(home, "broker.json")
+    fs.writeFileSync(policy, JSON.stringify({ format: 1, allow: [], guestCaFiles: [good, bad] }))
+    const doctor = runCli(home, ["doctor", "--json"], fake)
+    const checks = (
+      JSON.parse(doctor.stdout) as { checks: Array<{ name: string; status: string; detail: string }> }
+    ).checks.filter((c) => c.name === "guest-ca")
+    expect(checks.map((c) => c.status)).toEqual(["ok", "fail"])
+    expect(checks[0]!.detail).toContain("Example Corp Inspection CA")
+    expect(checks[1]!.detail).toContain(bad)
+    expect(checks[1]!.detail).toContain("PRIVATE KEY block")
+    const r = runCli(home, ["run", "--policy", policy, sourceDir(), "--", "true"], fake)
+    expect(r.code).toBe(exitCodeFor("BrokerError"))
+    expect(r.stderr).toContain(`the guest CA file ${bad} (policy guestCaFiles) is not usable`)
+    expect(r.stderr).not.toContain("BEGIN RSA PRIVATE KEY")
   })
 })
 

@@ -1,6 +1,15 @@
 import { describe, expect, it } from "@effect/vitest"
 import * as Either from "effect/Either"
-import { BUILTIN_CATALOG, brokerRulesFor, mergeCatalog, resolveModel } from "../src/lib/models.js"
+import * as Schema from "effect/Schema"
+import { BrokerPolicy } from "../src/broker/policy.js"
+import {
+  BUILTIN_CATALOG,
+  brokerRulesFor,
+  LOCAL_MODEL_HOST,
+  localModelRoute,
+  mergeCatalog,
+  resolveModel
+} from "../src/lib/models.js"
 
 describe("the model catalog", () => {
   it("built-in aliases resolve to provider, model id, endpoint and key variable; default is sonnet", () => {
@@ -80,6 +89,43 @@ describe("the model catalog", () => {
         mergeCatalog(JSON.stringify({ format: 1, models: { x: { provider: "openai", api: "x", id: "m" } } }))
       )
     ).toBe(true)
+  })
+
+  it("a keyless plain-HTTP endpoint on the host's loopback gets a localHttp route; nothing else does", () => {
+    const spec = (endpoint: string, hostVariable?: string) => ({
+      provider: "openai" as const,
+      api: "chat" as const,
+      id: "qwen",
+      endpoint,
+      ...(hostVariable === undefined ? {} : { hostVariable })
+    })
+    expect(localModelRoute(spec("http://127.0.0.1:11434/v1"))).toEqual({
+      spec: spec(`http://${LOCAL_MODEL_HOST}:11434/v1`),
+      rule: { host: LOCAL_MODEL_HOST, port: 11434, endpoint: "http://127.0.0.1:11434/v1" }
+    })
+    expect(localModelRoute(spec("http://localhost:8080/"))?.spec.endpoint).toBe(
+      `http://${LOCAL_MODEL_HOST}:8080`
+    )
+    expect(localModelRoute(spec("http://[::1]:8080/v1"))?.rule.port).toBe(8080)
+    expect(localModelRoute(spec("http://127.0.0.1/v1"))?.rule.port).toBe(80)
+    for (const endpoint of [
+      "https://127.0.0.1:11434/v1",
+      "http://192.168.1.20:11434/v1",
+      "http://llm.local:11434/v1",
+      "http://127.0.0.1:11434/v1?key=x",
+      "http://127.0.0.2:11434/v1"
+    ])
+      expect([endpoint, localModelRoute(spec(endpoint))]).toEqual([endpoint, undefined])
+    // a keyed entry is a provider endpoint: brokerRulesFor, not a local route
+    expect(localModelRoute(spec("http://127.0.0.1:11434/v1", "LOCAL_LLM_KEY"))).toBeUndefined()
+    // the rule decodes as a policy's localHttp
+    const route = localModelRoute(spec("http://127.0.0.1:11434/v1"))!
+    const decoded = Schema.decodeUnknownEither(BrokerPolicy)({
+      format: 1,
+      allow: [],
+      localHttp: [route.rule]
+    })
+    expect(Either.isRight(decoded)).toBe(true)
   })
 
   it("a models.json that does not decode says why", () => {

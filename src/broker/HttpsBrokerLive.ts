@@ -12,12 +12,12 @@ import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
 import * as dns from "node:dns"
 import * as net from "node:net"
-import * as os from "node:os"
 import * as path from "node:path"
 import { describeParseError } from "../lib/parseErrors.js"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import { makeSessionCa } from "./ca.js"
+import { expandHome, readCaFile } from "./caFiles.js"
 import { channelDuplex, type TunnelChannel } from "./channel.js"
 import { readClientHello } from "./clientHello.js"
 import { BROKER_LOG_FILE, type BrokerLogEntry, type BrokerLogOptions, openBrokerLog } from "./log.js"
@@ -96,9 +96,6 @@ const dialCancellable = (dial: () => Promise<Duplex>) =>
     })
   })
 
-const expandHome = (file: string) =>
-  file === "~" || file.startsWith("~/") ? path.join(os.homedir(), file.slice(1)) : file
-
 const MAX_SECRET_FILE = 64 * 1024
 
 /** one tunnel's bookkeeping for its "close" line */
@@ -117,7 +114,9 @@ interface TunnelRoute {
   readonly upstream: Duplex | undefined
   readonly terminate:
     | {
-        readonly rule: CredentialRule
+        /** absent: a `localHttp` endpoint (plain HTTP, no credential) */
+        readonly rule: CredentialRule | undefined
+        readonly plain: { readonly hostHeader: string; readonly pathPrefix: string } | undefined
         readonly dial: () => Promise<Duplex>
         readonly onRequest: (record: RequestRecord) => void
         readonly onDeny: (reason: string) => void
@@ -221,6 +220,20 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           )
         )
       )
+      // CAs for the guest's trust store (a TLS-inspecting network): certificates only, checked here
+      const guestCaPems = yield* Effect.forEach(policy.guestCaFiles ?? [], (file) =>
+        readCaFile(file).pipe(
+          Effect.provideService(FileSystem.FileSystem, fs),
+          Effect.map((checked) => checked.pems),
+          Effect.mapError(
+            (reason) =>
+              new BrokerError({
+                reason: "ca",
+                message: `the guest CA file ${file} (policy guestCaFiles) is not usable: ${reason}`
+              })
+          )
+        )
+      ).pipe(Effect.map((lists) => lists.flat()))
       const extraCas = [...(options.extraUpstreamCa ?? []), ...policyCas]
       const upstreamCa =
         extraCas.length === 0 ? undefined : [...tls.rootCertificates, ...(yield* hostExtraCas), ...extraCas]
@@ -289,7 +302,11 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         // resolve once, check, and dial exactly the checked address (no second lookup)
         let address: string
         let dialPort = request.port
-        if (decision.pinned !== undefined) {
+        if (decision.local !== undefined) {
+          // the catalog's (or policy's) loopback endpoint: that address and port, nothing else
+          address = decision.local.address
+          dialPort = decision.local.port
+        } else if (decision.pinned !== undefined) {
           address = decision.pinned.address
           dialPort = decision.pinned.port ?? request.port
         } else {
@@ -303,7 +320,12 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           address = checked.address
         }
         const dial = () => dialAddress(address, dialPort)
-        const mode = decision.credential === undefined ? ("passthrough" as const) : ("terminate" as const)
+        const mode =
+          decision.local !== undefined
+            ? ("local-http" as const)
+            : decision.credential === undefined
+              ? ("passthrough" as const)
+              : ("terminate" as const)
 
         // passthrough: connect first, accept only once the host is reachable
         let upstream: Duplex | undefined
@@ -381,10 +403,14 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           port: request.port,
           upstream,
           terminate:
-            decision.credential === undefined
+            mode === "passthrough"
               ? undefined
               : {
                   rule: decision.credential,
+                  plain:
+                    decision.local === undefined
+                      ? undefined
+                      : { hostHeader: decision.local.hostHeader, pathPrefix: decision.local.pathPrefix },
                   dial,
                   onRequest: (record) => {
                     if (record.credential) state.injected++
@@ -451,19 +477,23 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
           up.pipe(guest.duplex)
           return yield* guest.closed
         }
-        const { rule, dial, onRequest, onDeny } = route.terminate
+        const { rule, plain, dial, onRequest, onDeny } = route.terminate
         yield* terminateTunnel(guest.duplex, {
           host: route.host,
           port: route.port,
-          secureContext: contextFor(route.host),
-          credential: {
-            header: rule.header,
-            value: readCredential(rule),
-            outside: (method, target) => {
-              const why = credentialOutside(rule, method, target)
-              return why === undefined ? undefined : `credential-not-for-${why}`
-            }
-          },
+          ...(plain === undefined ? { secureContext: contextFor(route.host) } : { plain }),
+          ...(rule === undefined
+            ? {}
+            : {
+                credential: {
+                  header: rule.header,
+                  value: readCredential(rule),
+                  outside: (method: string, target: string) => {
+                    const why = credentialOutside(rule, method, target)
+                    return why === undefined ? undefined : `credential-not-for-${why}`
+                  }
+                }
+              }),
           dial,
           dialTimeoutMs: Duration.toMillis(dialTimeout),
           upstreamContext,
@@ -523,6 +553,7 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
 
       return {
         caCertPem: ca.certPem,
+        guestCaPems,
         logPath,
         serve,
         handle,

@@ -31,7 +31,7 @@ export const BrokerLogEntry = Schema.Struct({
   reason: Schema.optional(Schema.String),
   /** the address actually dialled */
   address: Schema.optional(Schema.String),
-  mode: Schema.optional(Schema.Literal("passthrough", "terminate")),
+  mode: Schema.optional(Schema.Literal("passthrough", "terminate", "local-http")),
   /** `request`: the credential header was sent upstream; `close`: on at least one request */
   credential: Schema.Boolean,
   method: Schema.optional(Schema.String),

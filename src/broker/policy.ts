@@ -236,6 +236,62 @@ const ResolveAddress = Schema.String.pipe(
   )
 )
 
+/** the loopback addresses a `localHttp` endpoint may name, and what each dials */
+const LOOPBACK_HOSTS: Readonly<Record<string, string>> = {
+  "127.0.0.1": "127.0.0.1",
+  localhost: "127.0.0.1",
+  "[::1]": "::1"
+}
+
+/** A `localHttp` endpoint, parsed: where the broker dials, the Host it sends, the paths allowed. */
+export interface LoopbackEndpoint {
+  readonly address: string
+  readonly port: number
+  /** the Host header the server expects (`127.0.0.1:11434`): what a client on the host sends */
+  readonly hostHeader: string
+  /** `/v1`, or "" for the whole server */
+  readonly pathPrefix: string
+}
+
+/**
+ * `http://127.0.0.1:<port>[/prefix]` (or `localhost`, `[::1]`) → the endpoint; undefined for
+ * anything else (https, another host, user info, a query, a fragment, dot segments, encodings).
+ */
+export const parseLoopbackEndpoint = (text: string): LoopbackEndpoint | undefined => {
+  const match =
+    /^http:\/\/(127\.0\.0\.1|localhost|\[::1\])(?::(\d{1,5}))?((?:\/[A-Za-z0-9._~-]+)*)\/?$/i.exec(text)
+  if (match === null) return undefined
+  const host = match[1]!.toLowerCase()
+  const port = match[2] === undefined ? 80 : Number(match[2])
+  const pathPrefix = match[3]!
+  if (port < 1 || port > 65535) return undefined
+  if (pathPrefix.split("/").some((segment) => segment === "." || segment === "..")) return undefined
+  return {
+    address: LOOPBACK_HOSTS[host]!,
+    port,
+    hostHeader: match[2] === undefined ? host : `${host}:${port}`,
+    pathPrefix
+  }
+}
+
+/**
+ * One plain-HTTP endpoint on the host's loopback: the guest asks for `host:port` (a name of the
+ * policy's choosing, never an address), the broker forwards each request whose path is under
+ * the endpoint's path to exactly that loopback address and port.
+ */
+export const LocalHttpRule = Schema.Struct({
+  host: HostName,
+  port: Port,
+  endpoint: Schema.String.pipe(
+    Schema.filter(
+      (s) =>
+        parseLoopbackEndpoint(s) !== undefined ||
+        `not http://127.0.0.1|localhost|[::1][:port][/path]: ${JSON.stringify(s)}`
+    )
+  )
+})
+export type LocalHttpRule = typeof LocalHttpRule.Type
+
 const policyFields = {
   format: Schema.Literal(BROKER_POLICY_FORMAT),
   allow: Schema.Array(AllowRule),
@@ -250,7 +306,18 @@ const policyFields = {
    * PEM files (absolute or `~/…`) of extra CAs trusted for upstream connections, besides the
    * system's and the host's NODE_EXTRA_CA_CERTS (a test server, an enterprise TLS proxy).
    */
-  upstreamCaFiles: Schema.optional(Schema.Array(HostFile))
+  upstreamCaFiles: Schema.optional(Schema.Array(HostFile)),
+  /**
+   * PEM files (absolute or `~/…`) of CAs the guest's clients also trust (curl, git, npm, pip,
+   * Node): a network whose TLS is inspected re-signs pass-through hosts with its own CA.
+   */
+  guestCaFiles: Schema.optional(Schema.Array(HostFile)),
+  /**
+   * Plain-HTTP endpoints on the host's loopback the guest may reach, each under a name of its
+   * own (a keyless local model server: the lifecycle adds the catalog's one); nothing else on
+   * the host's loopback opens.
+   */
+  localHttp: Schema.optional(Schema.Array(LocalHttpRule))
 }
 
 /** The policy as the broker uses it: presets expanded into plain allow and credential rules. */
@@ -307,6 +374,8 @@ export type PolicyDecision =
       readonly credential: CredentialRule | undefined
       /** from the policy's `resolve` map: dial this (and this port, if given) without the address-class check */
       readonly pinned: { readonly address: string; readonly port: number | undefined } | undefined
+      /** a `localHttp` rule's endpoint: plain HTTP forwarded to that loopback address (no credential) */
+      readonly local?: LoopbackEndpoint
     }
 
 export const decide = (policy: BrokerPolicy, rawHost: string, port: number): PolicyDecision => {
@@ -314,6 +383,12 @@ export const decide = (policy: BrokerPolicy, rawHost: string, port: number): Pol
   const checked = normalizeHost(rawHost)
   if (!checked.ok) return { allow: false, reason: checked.reason }
   const host = checked.host
+  const local = (policy.localHttp ?? []).find((rule) => rule.host.toLowerCase() === host)
+  if (local !== undefined) {
+    const endpoint = parseLoopbackEndpoint(local.endpoint)
+    if (local.port !== port || endpoint === undefined) return { allow: false, reason: "port-not-allowed" }
+    return { allow: true, host, credential: undefined, pinned: undefined, local: endpoint }
+  }
   const rules = policy.allow.filter((rule) => matchesHostPattern(rule.host, host))
   if (rules.length === 0) return { allow: false, reason: "host-not-allowed" }
   if (!rules.some((rule) => rule.ports.includes(port))) return { allow: false, reason: "port-not-allowed" }

@@ -4,6 +4,9 @@
  * real host (certificate verified), with the credential header set on the way. Node's
  * `node:https`/`node:tls` over the tunnel's Duplex, served as a scoped Effect: the credential is
  * read by a fiber of the tunnel's scope, and closing the scope tears the connection down.
+ *
+ * The same server, in plain HTTP on both sides (`plain`), serves a policy's `localHttp` endpoint
+ * on the host's loopback: no TLS, no credential, only paths under the endpoint's path.
  */
 import * as Effect from "effect/Effect"
 import * as Queue from "effect/Queue"
@@ -46,16 +49,22 @@ export interface TerminateOptions {
   readonly host: string
   readonly port: number
   /** the leaf certificate for `host` from the session CA, as a TLS context (cached by the caller) */
-  readonly secureContext: tls.SecureContext
+  readonly secureContext?: tls.SecureContext
   /**
    * header name, a reader for its value (run per request; undefined: not available), and where it
-   * applies: `outside(method, target)` says why it does not go on a request (undefined: it does)
+   * applies: `outside(method, target)` says why it does not go on a request (undefined: it does);
+   * none for `plain`
    */
-  readonly credential: {
+  readonly credential?: {
     readonly header: string
     readonly value: Effect.Effect<CredentialValue | undefined>
     readonly outside: (method: string, target: string) => string | undefined
   }
+  /**
+   * plain HTTP on both sides instead (a `localHttp` endpoint on the host's loopback): no TLS, no
+   * credential; only paths under `pathPrefix` are forwarded, with `Host: <hostHeader>`
+   */
+  readonly plain?: { readonly hostHeader: string; readonly pathPrefix: string }
   /** a TCP connection to the checked address (the broker resolved and checked it once) */
   readonly dial: () => Promise<Duplex>
   /** bound on dial + upstream TLS handshake */
@@ -114,6 +123,21 @@ const parseHostHeader = (value: string): { host: string; port: number | undefine
   const checked = normalizeHost(match[1]!)
   if (!checked.ok) return undefined
   return { host: checked.host, port: match[2] === undefined ? undefined : Number(match[2]) }
+}
+
+/**
+ * Is `target` (origin-form) under `prefix` (`/v1`: `/v1` itself or `/v1/…`; "": every path), so
+ * that no server, however it normalises, reads it as a path outside: no dot segments, no encoded
+ * `.`, `/` or `\\`, no backslash, no empty segment.
+ */
+export const pathUnder = (target: string, prefix: string): boolean => {
+  const pathPart = target.split("?", 1)[0]!
+  if (!pathPart.startsWith("/") || pathPart.includes("\\") || /%(2e|2f|5c)/i.test(pathPart)) return false
+  const segments = pathPart.slice(1).split("/")
+  const dotOrEmpty = (segment: string, i: number) =>
+    segment === "." || segment === ".." || (segment === "" && i < segments.length - 1)
+  if (segments.some(dotOrEmpty)) return false
+  return prefix === "" || pathPart === prefix || pathPart.startsWith(`${prefix}/`)
 }
 
 /** a request target that carries the placeholder, spelled plainly or percent-encoded */
@@ -177,11 +201,13 @@ export const terminateTunnel = (
   Effect.gen(function* () {
     // node asks for the credential per request; a fiber of this scope reads it and answers
     const asks = yield* Queue.unbounded<(value: CredentialValue | undefined) => void>()
-    yield* Queue.take(asks).pipe(
-      Effect.flatMap((answer) => Effect.map(options.credential.value, answer)),
-      Effect.forever,
-      Effect.forkScoped
-    )
+    const reader = options.credential?.value
+    if (reader !== undefined)
+      yield* Queue.take(asks).pipe(
+        Effect.flatMap((answer) => Effect.map(reader, answer)),
+        Effect.forever,
+        Effect.forkScoped
+      )
     const credential = () =>
       new Promise<CredentialValue | undefined>((answer) => Queue.unsafeOffer(asks, answer))
     yield* Effect.acquireRelease(
@@ -208,7 +234,8 @@ const startTermination = (
   {
     const secureContext = options.secureContext
     const upstreamContext = options.upstreamContext
-    const credentialHeader = options.credential.header.toLowerCase()
+    const plain = options.plain
+    const credentialHeader = options.credential?.header.toLowerCase()
     // every secret this tunnel's requests were sent with, kept out of every later response too
     const remembered: Array<string> = []
     const remember = (secrets: ReadonlyArray<string>) => {
@@ -240,6 +267,10 @@ const startTermination = (
       options.dial().then(
         (raw) => {
           if (timedOut) return void raw.destroy()
+          if (plain !== undefined) {
+            clearTimeout(timer)
+            return void callback(null, raw)
+          }
           const secure = tls.connect({
             socket: raw,
             servername: options.host,
@@ -261,18 +292,21 @@ const startTermination = (
       return undefined
     }) as unknown as typeof agent.createConnection
 
-    const server = https.createServer({
-      SNICallback: (servername, callback) => {
-        const sni = normalizeHost(servername)
-        if (sni.ok && sni.host === options.host) return callback(null, secureContext)
-        deny("sni-mismatch")
-        callback(new Error("SNI does not name the tunnel's host"))
-      },
-      maxHeaderSize: options.maxHeaderBytes,
-      handshakeTimeout: options.headTimeoutMs,
-      ALPNProtocols: ["http/1.1"],
-      keepAlive: true
-    })
+    const server =
+      plain !== undefined
+        ? http.createServer({ maxHeaderSize: options.maxHeaderBytes, keepAlive: true })
+        : https.createServer({
+            SNICallback: (servername, callback) => {
+              const sni = normalizeHost(servername)
+              if (sni.ok && sni.host === options.host) return callback(null, secureContext)
+              deny("sni-mismatch")
+              callback(new Error("SNI does not name the tunnel's host"))
+            },
+            maxHeaderSize: options.maxHeaderBytes,
+            handshakeTimeout: options.headTimeoutMs,
+            ALPNProtocols: ["http/1.1"],
+            keepAlive: true
+          })
     server.setTimeout(options.idleTimeoutMs, (socket) => {
       socket.destroy()
     })
@@ -287,7 +321,7 @@ const startTermination = (
     }
     const stopHeadTimer = () => clearTimeout(headTimer)
 
-    server.on("secureConnection", (socket: tls.TLSSocket) => {
+    server.on(plain !== undefined ? "connection" : "secureConnection", (socket: tls.TLSSocket) => {
       armHeadTimer(socket)
       socket.on("close", stopHeadTimer)
     })
@@ -333,13 +367,16 @@ const startTermination = (
         res.end(`abox broker: ${reason}\n`)
       }
       const sni = typeof socket.servername === "string" ? normalizeHost(socket.servername) : undefined
-      if (sni === undefined || !sni.ok || sni.host !== options.host) return refuse(421, "sni-mismatch")
+      if (plain === undefined && (sni === undefined || !sni.ok || sni.host !== options.host))
+        return refuse(421, "sni-mismatch")
       const hostHeader = req.headers.host === undefined ? undefined : parseHostHeader(req.headers.host)
       if (hostHeader === undefined || hostHeader.host !== options.host) return refuse(421, "host-mismatch")
       if (hostHeader.port !== undefined && hostHeader.port !== options.port)
         return refuse(421, "host-port-mismatch")
       if (!(req.url ?? "").startsWith("/")) return refuse(400, "not-origin-form")
       if (req.headers.upgrade !== undefined) return refuse(501, "upgrade-not-supported")
+      if (plain !== undefined && !pathUnder(req.url!, plain.pathPrefix))
+        return refuse(403, "path-not-allowed")
 
       if (urlHasPlaceholder(req.url ?? "")) return refuse(400, "placeholder-in-url")
       // framing: a body is forwarded with the framing it came with (Content-Length as is, chunked
@@ -351,15 +388,19 @@ const startTermination = (
       if (chunked && req.headers["content-length"] !== undefined) return refuse(400, "bad-framing")
 
       // outside the rule's methods and paths the request goes up without the credential
-      const outside = options.credential.outside(method, target)
-      credentialValue().then(
+      const outside = options.credential?.outside(method, target)
+      ;(credentialHeader === undefined ? Promise.resolve(undefined) : credentialValue()).then(
         (credential) => {
-          if (credential === undefined && outside === undefined) return refuse(502, "credential-unavailable")
+          if (credentialHeader !== undefined && credential === undefined && outside === undefined)
+            return refuse(502, "credential-unavailable")
           if (credential !== undefined && outside === undefined) remember(credential.secrets)
           const needles = secretNeedles([...remembered, ...(credential?.secrets ?? [])])
           const logged = pathOf(needles)
           // the guest's own value for the credential header never goes up, on any request
-          const headers = forwardHeaders(req.rawHeaders, new Set([credentialHeader]))
+          const headers = forwardHeaders(
+            req.rawHeaders,
+            new Set(credentialHeader === undefined ? [] : [credentialHeader])
+          )
           // the placeholder never leaves the host: a header still carrying it is dropped (the
           // credential header itself was dropped above, and set below when the rule applies)
           const droppedHeaders: Array<string> = []
@@ -372,8 +413,10 @@ const startTermination = (
             }
           }
           const dropped = droppedHeaders.length > 0 ? { droppedHeaders } : {}
-          headers["host"] = req.headers.host!
-          if (outside === undefined) headers[credentialHeader] = credential!.value
+          // a loopback server gets the Host a client on the host would send (its own name)
+          headers["host"] = plain?.hostHeader ?? req.headers.host!
+          if (credentialHeader !== undefined && credential !== undefined && outside === undefined)
+            headers[credentialHeader] = credential.value
           if (chunked) headers["transfer-encoding"] = "chunked"
           // a response the broker must search is asked for uncoded (a coded one is decoded below)
           if (needles.length > 0) headers["accept-encoding"] = "identity"
@@ -390,7 +433,7 @@ const startTermination = (
           let upstreamSocket: Duplex | undefined
           upstream.on("socket", (s: tls.TLSSocket) => {
             upstreamSocket = s
-            if (outside !== undefined) return
+            if (credentialHeader === undefined || outside !== undefined) return
             if (!s.connecting && s.encrypted) sent = true
             else s.once("secureConnect", () => (sent = true))
           })

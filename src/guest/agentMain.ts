@@ -123,7 +123,13 @@ const CA_VARIABLES = [
   "DENO_CERT"
 ]
 
-const writeCaFiles = async (runDir: string, pem: string) => {
+/** the CAs the agent adds to the guest's trust: the session's broker CA, then the policy's guestCaFiles */
+export const addedCaPems = (config: GuestConfig): ReadonlyArray<string> => [
+  ...(config.brokerCaCert === undefined ? [] : [config.brokerCaCert]),
+  ...(config.extraCaCerts ?? [])
+]
+
+const writeCaFiles = async (runDir: string, pems: ReadonlyArray<string>) => {
   await fs.mkdir(runDir, { recursive: true, mode: 0o755 })
   await fs.chmod(runDir, 0o755)
   const sessionCaPath = path.join(runDir, "session-ca.pem")
@@ -133,7 +139,7 @@ const writeCaFiles = async (runDir: string, pem: string) => {
     system = await fs.readFile(candidate, "utf8").catch(() => "")
     if (system !== "") break
   }
-  const sessionPem = pem.endsWith("\n") ? pem : `${pem}\n`
+  const sessionPem = pems.map((pem) => (pem.endsWith("\n") ? pem : `${pem}\n`)).join("")
   await fs.writeFile(sessionCaPath, sessionPem, { mode: 0o644 })
   await fs.writeFile(
     caBundlePath,
@@ -166,11 +172,12 @@ export const startEgressProxy = async (
     return { env: {}, close: () => undefined }
   }
   let env: Record<string, string>
-  if (config.brokerCaCert === undefined) {
+  const added = addedCaPems(config)
+  if (added.length === 0) {
     env = guestProxyEnv({ port: proxy.port, caBundlePath: "", sessionCaPath: "" })
     for (const name of CA_VARIABLES) delete env[name]
   } else {
-    const { wgetrcPath, ...caFiles } = await writeCaFiles(flags.run, config.brokerCaCert)
+    const { wgetrcPath, ...caFiles } = await writeCaFiles(flags.run, added)
     env = { ...guestProxyEnv({ port: proxy.port, ...caFiles }), WGETRC: wgetrcPath }
   }
   log(`egress proxy on 127.0.0.1:${proxy.port}${config.brokerCaCert === undefined ? " (no broker CA)" : ""}`)
@@ -286,7 +293,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     env: turnEnv(turnEnvironment),
     messages,
     proxyPort: proxy.port,
-    caPems: config.right.brokerCaCert === undefined ? [] : [config.right.brokerCaCert],
+    caPems: addedCaPems(config.right),
     log
   })
   // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent

@@ -13,7 +13,14 @@ import * as Either from "effect/Either"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import type { ModelSpec } from "../protocol/GuestConfig.js"
-import { presetRules, type AllowRule, type CredentialRule, type PolicyRules } from "../broker/policy.js"
+import {
+  parseLoopbackEndpoint,
+  presetRules,
+  type AllowRule,
+  type CredentialRule,
+  type LocalHttpRule,
+  type PolicyRules
+} from "../broker/policy.js"
 
 export const MODEL_CATALOG_FORMAT = 1
 
@@ -189,6 +196,28 @@ export const brokerRulesFor = (spec: ModelSpec): PolicyRules => {
     ...(base === "" ? {} : { paths: [`${base}/`] })
   }))
   return { allow, credentials }
+}
+
+/** the name the guest reaches a keyless model server on the host's loopback by (docs/broker.md) */
+export const LOCAL_MODEL_HOST = "local-model.abox.internal"
+
+/**
+ * A keyless model whose endpoint is plain HTTP on the host's loopback (`http://127.0.0.1:11434/v1`,
+ * Ollama; llama.cpp's server): the catalog entry is the user's consent to reach exactly that
+ * endpoint. The guest gets the spec with its endpoint under `LOCAL_MODEL_HOST` (same port and
+ * path), and the broker a `localHttp` rule mapping that name to the loopback endpoint. Undefined
+ * for every other model.
+ */
+export const localModelRoute = (
+  spec: ModelSpec
+): { readonly spec: ModelSpec; readonly rule: LocalHttpRule } | undefined => {
+  if (spec.hostVariable !== undefined) return undefined
+  const endpoint = parseLoopbackEndpoint(spec.endpoint)
+  if (endpoint === undefined) return undefined
+  return {
+    spec: { ...spec, endpoint: `http://${LOCAL_MODEL_HOST}:${endpoint.port}${endpoint.pathPrefix}` },
+    rule: { host: LOCAL_MODEL_HOST, port: endpoint.port, endpoint: spec.endpoint }
+  }
 }
 
 /** `$ABOX_HOME/models.json` does not decode: the file is left as it is */

@@ -20,6 +20,7 @@ import { qemuBinary } from "../vmm/argv.js"
 import { resolveImage } from "../lib/images.js"
 import { AboxPaths } from "../services/AboxPaths.js"
 import { HttpsBroker } from "../services/HttpsBroker.js"
+import { readCaFile } from "../broker/caFiles.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 
 export interface Check {
@@ -39,8 +40,27 @@ const probe = (command: string, args: ReadonlyArray<string>) =>
 
 const GiB = 1024 ** 3
 
-/** the default broker policy: absent (deny all), valid (what it allows), or invalid (why) */
-const brokerCheck = (file: string) =>
+/** the policy's guestCaFiles, one check each: what the guest will trust, or why the session would not start */
+const guestCaChecks = (files: ReadonlyArray<string>) =>
+  Effect.forEach(files, (file) =>
+    readCaFile(file).pipe(
+      Effect.map((ca): Check => ({
+        name: "guest-ca",
+        status: "ok",
+        detail: `${file}: the guest trusts ${ca.subjects.join("; ")}`
+      })),
+      Effect.catchAll((reason) =>
+        Effect.succeed<Check>({
+          name: "guest-ca",
+          status: "fail",
+          detail: `${file} (policy guestCaFiles): ${reason}; sessions do not start`
+        })
+      )
+    )
+  )
+
+/** the default broker policy: absent (deny all), valid (what it allows, the guest CAs it adds), or invalid (why) */
+const brokerChecks = (file: string) =>
   Effect.gen(function* () {
     const broker = yield* HttpsBroker
     const present = yield* Effect.promise(() =>
@@ -50,26 +70,24 @@ const brokerCheck = (file: string) =>
       )
     )
     if (!present) {
-      return {
-        name: "broker",
-        status: "ok",
-        detail: `no ${file}: sessions reach nothing (docs/broker.md)`
-      } as Check
+      return [
+        { name: "broker", status: "ok", detail: `no ${file}: sessions reach nothing (docs/broker.md)` }
+      ] satisfies ReadonlyArray<Check>
     }
-    return yield* broker.loadPolicy(file).pipe(
-      Effect.map((policy): Check => {
-        const unset = policy.credentials.flatMap((rule) =>
-          "fromEnv" in rule && process.env[rule.fromEnv] === undefined ? [`$${rule.fromEnv}`] : []
-        )
-        const summary = `${file}: ${policy.allow.length} allow rule(s), ${policy.credentials.length} credential rule(s)`
-        return unset.length > 0
-          ? { name: "broker", status: "warn", detail: `${summary}; not set here: ${unset.join(", ")}` }
-          : { name: "broker", status: "ok", detail: summary }
-      }),
-      Effect.catchAll((error) =>
-        Effect.succeed<Check>({ name: "broker", status: "fail", detail: error.message })
-      )
+    const loaded = yield* broker.loadPolicy(file).pipe(Effect.either)
+    if (loaded._tag === "Left") {
+      return [{ name: "broker", status: "fail", detail: loaded.left.message }] satisfies ReadonlyArray<Check>
+    }
+    const policy = loaded.right
+    const unset = policy.credentials.flatMap((rule) =>
+      "fromEnv" in rule && process.env[rule.fromEnv] === undefined ? [`$${rule.fromEnv}`] : []
     )
+    const summary = `${file}: ${policy.allow.length} allow rule(s), ${policy.credentials.length} credential rule(s)`
+    const check: Check =
+      unset.length > 0
+        ? { name: "broker", status: "warn", detail: `${summary}; not set here: ${unset.join(", ")}` }
+        : { name: "broker", status: "ok", detail: summary }
+    return [check, ...(yield* guestCaChecks(policy.guestCaFiles ?? []))]
   })
 
 /**
@@ -142,7 +160,7 @@ export const doctor = Effect.fn("doctor")(function* () {
         }
   )
 
-  checks.push(yield* brokerCheck(paths.homeFile("brokerPolicy")))
+  checks.push(...(yield* brokerChecks(paths.homeFile("brokerPolicy"))))
 
   const report = yield* scrubber.scrub({ dryRun: true })
   const pending = report.findings.filter((f) => f.count > 0).length

@@ -43,6 +43,7 @@ import { hostArch } from "../lib/arch.js"
 import { type BrokerPolicy, withRules } from "../broker/policy.js"
 import {
   brokerRulesFor,
+  localModelRoute,
   mergeCatalog,
   ModelCatalogError,
   resolveModel,
@@ -240,6 +241,10 @@ export const loadModelCatalog = Effect.gen(function* () {
  */
 const modelAndPolicy = Effect.fn("session.modelAndPolicy")(function* (alias: string, policy: BrokerPolicy) {
   const spec = resolveModel(yield* loadModelCatalog, alias)
+  // a keyless server on the host's loopback: that endpoint alone, under a name of its own
+  const local = spec === undefined ? undefined : localModelRoute(spec)
+  if (local !== undefined)
+    return { spec: local.spec, policy: { ...policy, localHttp: [...(policy.localHttp ?? []), local.rule] } }
   if (spec?.hostVariable === undefined) return { spec, policy }
   const key = yield* Config.option(Config.redacted(spec.hostVariable)).pipe(
     Effect.orElseSucceed(() => Option.none())
@@ -251,14 +256,15 @@ const guestConfigFor = (
   id: string,
   options: BootOptions,
   policy: BrokerPolicy,
-  caCert: string,
+  broker: Pick<BrokerSession, "caCertPem" | "guestCaPems">,
   modelSpec: ModelSpec | undefined
 ): GuestConfig => ({
   format: GUEST_CONFIG_FORMAT,
   sessionId: id,
   model: options.model ?? DEFAULT_MODEL,
   ...(modelSpec === undefined ? {} : { modelSpec }),
-  brokerCaCert: caCert,
+  brokerCaCert: broker.caCertPem,
+  ...(broker.guestCaPems.length === 0 ? {} : { extraCaCerts: [...broker.guestCaPems] }),
   // the agent's processes see these names with a placeholder; the broker adds the real value
   placeholderEnv: [
     ...new Set(
@@ -298,7 +304,7 @@ const boot = Effect.fn("session.boot")(function* (
   const policy = model.policy
   // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
   const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
-  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker.caCertPem, model.spec))
+  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker, model.spec))
 
   const vmRef = yield* Ref.make(Option.none<VmHandle>())
   yield* Effect.addFinalizer(() =>

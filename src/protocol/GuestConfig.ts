@@ -49,6 +49,11 @@ export const GuestConfig = Schema.Struct({
   /** PEM of the per-session broker CA (public certificate only) */
   brokerCaCert: Schema.optional(Schema.String),
   /**
+   * PEM certificates of further CAs the guest's clients trust besides the system's (the policy's
+   * `guestCaFiles`: a network that inspects TLS); public certificates only, checked on the host
+   */
+  extraCaCerts: Schema.optional(Schema.Array(Schema.String)),
+  /**
    * names of environment variables the agent's processes get with a placeholder value
    * (credentials the broker adds on the host side); names only, never a value
    */

@@ -35,6 +35,8 @@ export interface BrokerSessionInfo {
 export interface BrokerSession {
   /** PEM of the per-session CA certificate (public): `GuestConfig.brokerCaCert` */
   readonly caCertPem: string
+  /** the policy's `guestCaFiles`, read and checked at make: certificates only (`GuestConfig.extraCaCerts`) */
+  readonly guestCaPems: ReadonlyArray<string>
   /** `<sessionDir>/broker.log` (JSON lines, 0600) */
   readonly logPath: string
   /** decide and serve every request of the stream (`connection.tunnels`); fork it in the session scope */

@@ -1,7 +1,8 @@
 /**
  * A scripted stand-in for the model providers' HTTP APIs, served over HTTPS on 127.0.0.1 with a
  * certificate from its own test CA (any SNI name gets a leaf), so that tests reach it through
- * the broker by the policy's `resolve`:
+ * the broker by the policy's `resolve` (or over plain HTTP, `plain: true`, a local model server
+ * the broker reaches by a `localHttp` rule):
  *
  * - Anthropic Messages API: `POST /v1/messages` (streamed SSE when the body says `stream: true`,
  *   else one JSON message), errors as `{type:"error", error:{type, message}}`.
@@ -14,7 +15,8 @@
  * Each request takes the next step of the script; every request is recorded (method, path,
  * headers, parsed body) for assertions. Nothing is echoed back from a request's headers.
  */
-import type { ServerResponse } from "node:http"
+import * as http from "node:http"
+import type { IncomingMessage, ServerResponse } from "node:http"
 import * as https from "node:https"
 import type * as net from "node:net"
 import { performance } from "node:perf_hooks"
@@ -136,7 +138,13 @@ const cut = (res: ServerResponse) =>
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
-export const startModelMock = async (options: { readonly names?: ReadonlyArray<string> } = {}) => {
+export const startModelMock = async (
+  options: {
+    readonly names?: ReadonlyArray<string>
+    /** plain HTTP instead of HTTPS (a local model server such as Ollama or llama.cpp's) */
+    readonly plain?: boolean
+  } = {}
+) => {
   const ca = await makeSessionCa({ commonName: "abox test model CA" })
   const first = ca.leaf(options.names?.[0] ?? "localhost")
   const script: Array<MockStep> = []
@@ -524,73 +532,77 @@ export const startModelMock = async (options: { readonly names?: ReadonlyArray<s
     res.end("data: [DONE]\n\n")
   }
 
-  const server = https.createServer(
-    {
-      cert: first.certPem,
-      key: first.keyPem,
-      keepAlive: true,
-      SNICallback: (name, callback) => {
-        const leaf = ca.leaf(name)
-        callback(null, tls.createSecureContext({ cert: leaf.certPem, key: leaf.keyPem }))
+  const handler = (req: IncomingMessage, res: ServerResponse) => {
+    const arrivedAt = performance.now()
+    const chunks: Array<Buffer> = []
+    req.on("data", (chunk: Buffer) => chunks.push(chunk))
+    req.on("end", () => {
+      let body: unknown = undefined
+      try {
+        body = chunks.length === 0 ? undefined : JSON.parse(Buffer.concat(chunks).toString("utf8"))
+      } catch {
+        body = Buffer.concat(chunks).toString("utf8")
       }
-    },
-    (req, res) => {
-      const arrivedAt = performance.now()
-      const chunks: Array<Buffer> = []
-      req.on("data", (chunk: Buffer) => chunks.push(chunk))
-      req.on("end", () => {
-        let body: unknown = undefined
-        try {
-          body = chunks.length === 0 ? undefined : JSON.parse(Buffer.concat(chunks).toString("utf8"))
-        } catch {
-          body = Buffer.concat(chunks).toString("utf8")
-        }
-        const url = new URL(req.url ?? "/", "https://mock")
-        const recorded: MockRequest = {
-          arrivedAt,
-          method: req.method ?? "",
-          path: url.pathname,
-          headers: { ...req.headers },
-          body
-        }
-        requests.push(recorded)
-        res.once("finish", () => {
-          recorded.endedAt = performance.now()
-        })
-        for (const waiter of waiters.splice(0)) {
-          if (requests.length >= waiter.n) waiter.resolve()
-          else waiters.push(waiter)
-        }
-        const provider: Provider | undefined =
-          url.pathname === "/v1/messages"
-            ? "anthropic"
-            : url.pathname === "/v1/responses"
-              ? "openai"
-              : url.pathname === "/v1/chat/completions"
-                ? "chat"
-                : undefined
-        if (provider === undefined || req.method !== "POST") {
-          res.writeHead(404, { "content-type": "application/json" })
-          res.end(JSON.stringify({ error: { message: `no route ${req.method} ${url.pathname}` } }))
-          return
-        }
-        const step = script.shift() ?? {
-          kind: "error" as const,
-          status: 500,
-          message: "the mock's script is exhausted"
-        }
-        const serve = provider === "anthropic" ? anthropic : provider === "chat" ? chat : openai
-        void serve(recorded, res, step).catch(() => res.destroy())
+      const url = new URL(req.url ?? "/", "https://mock")
+      const recorded: MockRequest = {
+        arrivedAt,
+        method: req.method ?? "",
+        path: url.pathname,
+        headers: { ...req.headers },
+        body
+      }
+      requests.push(recorded)
+      res.once("finish", () => {
+        recorded.endedAt = performance.now()
       })
-    }
-  )
+      for (const waiter of waiters.splice(0)) {
+        if (requests.length >= waiter.n) waiter.resolve()
+        else waiters.push(waiter)
+      }
+      const provider: Provider | undefined =
+        url.pathname === "/v1/messages"
+          ? "anthropic"
+          : url.pathname === "/v1/responses"
+            ? "openai"
+            : url.pathname === "/v1/chat/completions"
+              ? "chat"
+              : undefined
+      if (provider === undefined || req.method !== "POST") {
+        res.writeHead(404, { "content-type": "application/json" })
+        res.end(JSON.stringify({ error: { message: `no route ${req.method} ${url.pathname}` } }))
+        return
+      }
+      const step = script.shift() ?? {
+        kind: "error" as const,
+        status: 500,
+        message: "the mock's script is exhausted"
+      }
+      const serve = provider === "anthropic" ? anthropic : provider === "chat" ? chat : openai
+      void serve(recorded, res, step).catch(() => res.destroy())
+    })
+  }
+  const server =
+    options.plain === true
+      ? http.createServer({ keepAlive: true }, handler)
+      : https.createServer(
+          {
+            cert: first.certPem,
+            key: first.keyPem,
+            keepAlive: true,
+            SNICallback: (name, callback) => {
+              const leaf = ca.leaf(name)
+              callback(null, tls.createSecureContext({ cert: leaf.certPem, key: leaf.keyPem }))
+            }
+          },
+          handler
+        )
   let connections = 0
-  server.on("secureConnection", () => connections++)
+  server.on(options.plain === true ? "connection" : "secureConnection", () => connections++)
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()))
   const port = (server.address() as net.AddressInfo).port
   return {
     port,
-    /** TLS connections accepted so far */
+    /** connections accepted so far (TLS ones, unless plain) */
     connections: () => connections,
     caPem: ca.certPem,
     requests,
