@@ -49,6 +49,7 @@ describe("QEMU argv", () => {
       "file=/s/root.qcow2,format=qcow2,if=virtio,cache=writeback,discard=unmap"
     )
     expect(valueOf(argv, "-device")).toContain("virtio-balloon-pci,free-page-reporting=on")
+    expect(valueOf(argv, "-device")).toContain("virtio-rng-pci")
   })
 
   it("aarch64 uses the virt machine and ttyAMA0; KVM uses -cpu host", () => {

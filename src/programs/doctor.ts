@@ -362,21 +362,15 @@ export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonl
         ),
         Effect.orElseSucceed(() => "")
       )
-      // vfkit attaches a virtio-rng device (--device virtio-rng); the QEMU backend attaches none
+      // both backends attach a virtio-rng device (vfkit --device virtio-rng, QEMU virtio-rng-pci)
       checks.push(
         rng.startsWith("virtio_rng")
           ? { name: "entropy", status: "ok", detail: `the kernel's rng is ${rng}` }
-          : vmm.name !== "vz"
-            ? {
-                name: "entropy",
-                status: "ok",
-                detail: `the kernel's rng is ${rng || "unknown"} (the ${vmm.name} backend attaches no entropy device)`
-              }
-            : {
-                name: "entropy",
-                status: "warn",
-                detail: `the kernel's rng is ${rng || "unknown"}, not the virtio-rng device (an image built before its initrd loaded virtio-rng)`
-              }
+          : {
+              name: "entropy",
+              status: "warn",
+              detail: `the kernel's rng is ${rng || "unknown"}, not the virtio-rng device (an image built before its initrd loaded virtio-rng)`
+            }
       )
       return true
     })

@@ -82,6 +82,9 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     // the guest gives freed memory back (its virtio_balloon driver reports free pages; QEMU drops them)
     "-device",
     "virtio-balloon-pci,free-page-reporting=on",
+    // entropy from the host (/dev/urandom) for the guest's kernel pool (its initrd loads virtio-rng)
+    "-device",
+    "virtio-rng-pci",
     "-device",
     "virtio-serial-pci",
     "-chardev",
