@@ -66,7 +66,7 @@ describe("abox CLI (built bundle, real processes)", () => {
     const text = runCli(home, ["list"])
     expect(text.code).toBe(0)
     expect(text.stdout).toContain(A)
-    expect(text.stdout).toMatch(new RegExp(`${B}\\s+STOPPED\\s+\\S+ \\S+\\s+CORRUPT: .*not valid JSON`))
+    expect(text.stdout).toMatch(new RegExp(`${B}\\s+STOPPED\\s+\\S+ \\S+\\s+-\\s+CORRUPT: .*not valid JSON`))
     expect(text.stdout).toMatch(/legacy-one.*\[legacy\]/)
     const json = runCli(home, ["list", "--json"])
     expect(json.code).toBe(0)

@@ -14,6 +14,7 @@ import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { spawn, spawnSync } from "node:child_process"
+import { ReadLedger } from "../src/guest/model/fileText.js"
 import { makeHandlers } from "../src/guest/model/tools.js"
 import type { TurnUser } from "../src/guest/user.js"
 import { alive, processesMentioning } from "./support/processes.js"
@@ -38,11 +39,21 @@ const repo = () => {
   }
   return dir
 }
+/**
+ * every file counts as read: these tests are of what an edit does to a special file once it gets
+ * that far (read-before-edit has its own tests in agent.units)
+ */
+class EverythingRead extends ReadLedger {
+  override has(): boolean {
+    return true
+  }
+}
 const handlersFor = (dir: string, env: Record<string, string> = {}) =>
   makeHandlers({
     repoDir: dir,
     user: owner,
-    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: dir, ...env }
+    env: { PATH: process.env.PATH ?? "/usr/bin:/bin", HOME: dir, ...env },
+    ledger: new EverythingRead()
   })
 
 /** a tool call must answer within this (the old in-process open of a FIFO never did) */
@@ -113,7 +124,7 @@ describe("file tools on special files", () => {
       }
       // the tools still work on a regular file, and it is the owner's
       expect((yield* h.write_file({ path: "new/b.txt", content: "b\n" })).isError).toBe(false)
-      expect((yield* h.read_file({ path: "new/b.txt" })).output).toBe("b\n")
+      expect((yield* h.read_file({ path: "new/b.txt" })).output).toBe("1\tb")
       if (owner !== undefined) {
         expect(fs.statSync(path.join(dir, "new/b.txt")).uid).toBe(owner.uid)
         expect(fs.statSync(path.join(dir, "new")).uid).toBe(owner.uid)
