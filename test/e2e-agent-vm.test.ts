@@ -173,11 +173,18 @@ describe.skipIf(skip !== undefined)("the model agent in a real VM", () => {
           )
           // context.json (root-only in the guest) holds the conversation: read from the guest disk
           if (hasDebugfs) {
-            const dump = spawnSync(
-              "debugfs",
-              ["-R", "cat /var/lib/abox/context.json", path.join(home, "sessions", id, "root.raw")],
-              { encoding: "utf8" }
-            )
+            // a qcow2 root (an overlay of the golden) is read through a raw copy: debugfs reads raw ext4
+            const sessionDir = path.join(home, "sessions", id)
+            let rootDisk = path.join(sessionDir, "root.raw")
+            if (fs.existsSync(path.join(sessionDir, "root.qcow2"))) {
+              rootDisk = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "abox-context-")), "root.raw")
+              const converted = spawnSync("qemu-img", ["convert", "-O", "raw", path.join(sessionDir, "root.qcow2"), rootDisk])
+              expect(converted.status, String(converted.stderr)).toBe(0)
+            }
+            const dump = spawnSync("debugfs", ["-R", "cat /var/lib/abox/context.json", rootDisk], {
+              encoding: "utf8"
+            })
+            if (rootDisk !== path.join(sessionDir, "root.raw")) fs.rmSync(path.dirname(rootDisk), { recursive: true })
             const context = JSON.parse(dump.stdout) as { format: number; messages: Array<{ role: string }> }
             expect(context.format).toBe(2)
             expect(JSON.stringify(context.messages)).toContain("fix the failing test")

@@ -134,7 +134,8 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
         const vmmCommandLines: Array<string> = []
         const recordVmm = (dir: string) =>
           Effect.sync(() => {
-            for (const pid of processesMentioning(path.join(dir, "root.raw"))) {
+            // the VMM names the root disk: root.qcow2 (an overlay) or root.raw
+            for (const pid of processesMentioning(path.join(dir, "root."))) {
               vmmCommandLines.push(fs.readFileSync(`/proc/${pid}/cmdline`, "utf8"))
               vmmCommandLines.push(fs.readFileSync(`/proc/${pid}/environ`, "utf8"))
             }
@@ -196,7 +197,8 @@ describe.skipIf(skip !== undefined)("HTTPS broker with a real VM", () => {
         expect(upstream.seen.some((r) => r.body.includes(canary))).toBe(false)
         const dir = path.join(home, "sessions", id)
         const files = fs.readdirSync(dir).filter((f) => fs.statSync(path.join(dir, f)).isFile())
-        expect(files).toEqual(expect.arrayContaining(["root.raw", "config.raw", "console.log", "broker.log"]))
+        expect(files).toEqual(expect.arrayContaining(["config.raw", "console.log", "broker.log"]))
+        expect(files.filter((f) => f === "root.raw" || f === "root.qcow2")).toHaveLength(1)
         const needle = Buffer.from(canary)
         for (const file of files) expect(fileContains(path.join(dir, file), needle), file).toBe(false)
         expect(vmmCommandLines.length).toBeGreaterThanOrEqual(4)

@@ -46,7 +46,7 @@ const startCli = (args: ReadonlyArray<string>) => startBundle(cli, args, env())
 
 // the disks the running guest writes (root, repository) are not compared
 const sessionFiles = (id: string) =>
-  fileChecksums(path.join(home, "sessions", id), ["root.raw", "repo-base.raw", "repo.qcow2", "repo.raw"])
+  fileChecksums(path.join(home, "sessions", id), ["root.raw", "root.qcow2", "repo-base.raw", "repo.qcow2", "repo.raw"])
 
 /** until `check` holds or `ms` pass (the VM's exit is another process's event: watched, bounded) */
 const within = async (ms: number, check: () => boolean) => {

@@ -301,21 +301,25 @@ export const doctorBoot = Effect.fn("doctor.boot")(function* (options: { readonl
       const root = yield* images.cloneRoot(golden, dir, vmm.rootDiskFormat === "qcow2")
       const files = { ...paths, rootDisk: root.file, rootDiskFormat: root.info.format }
       yield* writeConfigDisk(files.configDisk, { format: 1, sessionId: path.basename(dir), model: "doctor" })
+      // vfkit reads raw disks, and refuses a size that is not whole 512-byte sectors; a qcow2
+      // overlay (QEMU) has a virtual size of the golden's, its file's own size does not matter
+      const rawDisks = root.info.format === "raw" ? [files.rootDisk, files.configDisk] : [files.configDisk]
       const sizes = yield* Effect.tryPromise(() =>
-        Promise.all([files.rootDisk, files.configDisk].map((file) => fs.stat(file).then((s) => s.size)))
+        Promise.all(rawDisks.map((file) => fs.stat(file).then((s) => s.size)))
       ).pipe(Effect.orElseSucceed(() => [] as Array<number>))
       const odd = sizes.filter((size) => size % 512 !== 0)
+      const described = rawDisks.map((file, i) => `${path.basename(file)} ${sizes[i]} bytes`).join(", ")
       checks.push(
-        sizes.length === 2 && odd.length === 0
+        sizes.length === rawDisks.length && odd.length === 0
           ? {
               name: "disks",
               status: "ok",
-              detail: `root (${files.rootDiskFormat}) ${sizes[0]} bytes, config ${sizes[1]} bytes: whole 512-byte sectors`
+              detail: `${described}: whole 512-byte sectors${root.info.format === "qcow2" ? "; root.qcow2 an overlay of the golden" : ""}`
             }
           : {
               name: "disks",
               status: "fail",
-              detail: `a disk size is not a multiple of 512 (${sizes.join(", ")}): vfkit refuses it`
+              detail: `a disk size is not a multiple of 512 (${described}): vfkit refuses it`
             }
       )
       yield* ensureSocketDir(files.rpcSocket).pipe(Effect.orDie)
