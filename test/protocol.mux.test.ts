@@ -325,6 +325,46 @@ describe("Mux", () => {
     raw.destroy()
   })
 
+  it("a peer's tunnel_close after its EOF keeps what it sent: the reader gets every byte, then the end", async () => {
+    const [a, raw] = await socketPair()
+    const mux = new Mux(a)
+    const seen: Array<string> = []
+    mux.onControl((m) => {
+      seen.push(m.type)
+    })
+    const body = Buffer.from("the last bytes of a response ".repeat(40))
+    const opened = async (id: number) => {
+      raw.write(control({ type: "tunnel_open", channel: id, host: "h.test", port: 443 }))
+      while (seen.filter((t) => t === "tunnel_open").length < (id + 1) / 2) await new Promise((r) => setTimeout(r, 5))
+      return mux.channel(id)
+    }
+    const closes = () => seen.filter((t) => t === "tunnel_close").length
+    const first = await opened(1)
+    raw.write(
+      Buffer.concat([
+        encodeFrame({ channel: 1, kind: FrameKind.Data, payload: body.subarray(0, 500) }),
+        encodeFrame({ channel: 1, kind: FrameKind.Data, payload: body.subarray(500) }),
+        encodeFrame({ channel: 1, kind: FrameKind.Eof, payload: new Uint8Array(0) }),
+        control({ type: "tunnel_close", channel: 1 })
+      ])
+    )
+    // every frame is in before anything is read (a proxy whose client is slow)
+    while (closes() < 1) await new Promise((r) => setTimeout(r, 5))
+    expect((await collect(first.readable)).toString()).toBe(body.toString())
+    // without its EOF, a close is a reset: what was not read is dropped
+    const second = await opened(3)
+    raw.write(
+      Buffer.concat([
+        encodeFrame({ channel: 3, kind: FrameKind.Data, payload: body }),
+        control({ type: "tunnel_close", channel: 3 })
+      ])
+    )
+    while (closes() < 2) await new Promise((r) => setTimeout(r, 5))
+    await expect(collect(second.readable)).rejects.toThrow(/closed by the peer/)
+    mux.destroy()
+    raw.destroy()
+  })
+
   it("credit granted beyond what was sent is a protocol error", async () => {
     expect(
       await violation(

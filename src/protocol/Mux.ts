@@ -389,6 +389,12 @@ class Channel implements MuxChannel {
     this.fail(new MuxError(reason ?? `channel ${this.id} destroyed`), true)
     this.mux.retire(this)
   }
+
+  /** the peer closed the channel: what it sent before its EOF is still read, then the end */
+  closedByPeer(reason: string): void {
+    this.fail(new MuxError(reason), false)
+    this.mux.retire(this)
+  }
 }
 
 export class Mux {
@@ -644,7 +650,7 @@ export class Mux {
       }
       case "tunnel_close": {
         const channel = this.channels.get(message.channel)
-        if (channel !== undefined) channel.destroy(`tunnel ${message.channel} closed by the peer`)
+        if (channel !== undefined) channel.closedByPeer(`tunnel ${message.channel} closed by the peer`)
         return undefined
       }
       default:

@@ -36,10 +36,14 @@ export const tunnelRequest = (link: HostMux, channel: number, host: string, port
       )
       return {
         ...bytes(ch),
+        // EOF first (after the bytes written so far), so that the guest reads them all; then
         // tunnel_close drops the channel on both ends
-        close: link
-          .send({ type: "tunnel_close", channel })
-          .pipe(Effect.ignore, Effect.ensuring(Scope.close(scope, Exit.void)))
+        close: ch.end.pipe(
+          Effect.timeout("5 seconds"),
+          Effect.ignore,
+          Effect.zipRight(link.send({ type: "tunnel_close", channel }).pipe(Effect.ignore)),
+          Effect.ensuring(Scope.close(scope, Exit.void))
+        )
       }
     }),
   deny: (reason: string) => link.send({ type: "tunnel_deny", channel, reason }).pipe(Effect.ignore)
