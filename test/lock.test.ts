@@ -127,8 +127,10 @@ describe("RuntimeLock across real processes", () => {
         for (const [word, ms] of outcomes) {
           if (word === "ACQUIRED") continue
           expect(word).toBe("SessionBusy")
-          // the acquire itself, measured inside the loser
-          expect(ms).toBeLessThan(500)
+          // the acquire itself, measured inside the loser: a blocking acquire would not return at
+          // all while the winner holds the lock; the bound is loose for 20 node processes on 2
+          // loaded cores (the first acquire also loads the lock addon)
+          expect(ms).toBeLessThan(5000)
         }
         const codes = yield* Effect.forEach(losers, (loser) => loser.exited)
         expect(codes.every((c) => c.code === BUSY_EXIT)).toBe(true)
