@@ -15,6 +15,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { spawn, spawnSync } from "node:child_process"
 import { ReadLedger } from "../src/guest/model/fileText.js"
+import { killAllFileOps } from "../src/guest/model/ownerFiles.js"
 import { makeHandlers } from "../src/guest/model/tools.js"
 import type { TurnUser } from "../src/guest/user.js"
 import { alive, processesMentioning } from "./support/processes.js"
@@ -25,6 +26,8 @@ const owner: TurnUser | undefined = isRoot ? { name: "nobody", uid: 65534, gid: 
 /** the test's temporary directories, removed after it (rm(1) does not follow links) */
 const made: Array<string> = []
 afterEach(() => {
+  // each test's handlers keep their owner child; it ends with the test (a turn ends it in the agent)
+  killAllFileOps()
   for (const dir of made.splice(0)) spawnSync("rm", ["-rf", dir])
 })
 
@@ -61,6 +64,15 @@ const bounded = <A, E>(effect: Effect.Effect<A, E>) =>
   effect.pipe(
     Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error("the tool call hung") })
   )
+
+/** a child working in `dir` (other tests' children are elsewhere) */
+const ownedByThisTest = (pid: number, dir: string): boolean => {
+  try {
+    return fs.readlinkSync(`/proc/${pid}/cwd`) === fs.realpathSync(dir)
+  } catch {
+    return false
+  }
+}
 
 /** the child's command line holds its source; this phrase is in it */
 const CHILD_MARK = "only regular files are read or written"
@@ -184,6 +196,42 @@ describe("file tools on special files", () => {
       expect(next.isError, next.output).toBe(false)
       expect(fs.readFileSync(path.join(dir, "a.txt"), "utf8")).toBe("one\n2\n")
       expect(fs.existsSync(marker)).toBe(false)
+    })
+  )
+})
+
+describe("the owner's child", () => {
+  it.live("one child serves the file operations that follow, as the owner; a cancel ends it and the next call starts another", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const h = handlersFor(dir)
+      const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
+      expect((yield* h.read_file({ path: "a.txt" })).output).toBe("1\tone\n2\ttwo")
+      const first = mine()
+      expect(first, "the child stays after its operation").toHaveLength(1)
+      expect((yield* h.write_file({ path: "b.txt", content: "b\n" })).isError).toBe(false)
+      expect((yield* h.edit_file({ path: "b.txt", old_string: "b", new_string: "c" })).isError).toBe(false)
+      expect((yield* h.read_file({ path: "b.txt" })).output).toBe("1\tc")
+      expect(mine(), "the same child did every operation").toEqual(first)
+      if (owner !== undefined) {
+        const status = fs.readFileSync(`/proc/${first[0]}/status`, "utf8")
+        expect(status).toMatch(new RegExp(`^Uid:\\s+${owner.uid}\\s+${owner.uid}\\s`, "m"))
+        expect(fs.readFileSync(`/proc/${first[0]}/environ`, "utf8")).toBe("")
+      }
+      // a cancel in the middle of an operation: the child goes, the next operation has a new one
+      process.kill(first[0]!, "SIGSTOP")
+      const fiber = yield* Effect.fork(h.read_file({ path: "a.txt" }))
+      yield* Effect.sleep("100 millis")
+      yield* bounded(Fiber.interrupt(fiber))
+      for (let i = 0; i < 100 && alive(first[0]!); i++) yield* Effect.sleep("20 millis")
+      expect(alive(first[0]!)).toBe(false)
+      expect((yield* bounded(h.read_file({ path: "b.txt" }))).output).toBe("1\tc")
+      const second = mine()
+      expect(second).toHaveLength(1)
+      expect(second).not.toEqual(first)
+      killAllFileOps()
+      for (let i = 0; i < 100 && alive(second[0]!); i++) yield* Effect.sleep("20 millis")
+      expect(alive(second[0]!), "the last-resort kill ends the child").toBe(false)
     })
   )
 })

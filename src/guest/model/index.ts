@@ -44,6 +44,7 @@ import {
   SYSTEM_PROMPT,
   type Conversation
 } from "./loop.js"
+import { FileOpChild } from "./ownerFiles.js"
 import { AgentToolkit, killAllTools, makeHandlers, resolveRepoPath } from "./tools.js"
 
 export interface ModelAgentOptions {
@@ -258,7 +259,9 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     const resolved = resolveRepoPath(options.repoDir, file)
     if (resolved.ok) ledger.add(resolved.path)
   }
-  const tools = { repoDir: options.repoDir, user: options.user, env: options.env, ledger }
+  // the owner's file-operation child lives for one turn: started by its first file tool, ended with the turn
+  const files = new FileOpChild(options.user, options.repoDir)
+  const tools = { repoDir: options.repoDir, user: options.user, env: options.env, ledger, files }
   const toolkitLayer = AgentToolkit.toLayer(makeHandlers(tools))
   let running: Fiber.RuntimeFiber<PromptOutcome> | undefined
 
@@ -294,6 +297,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     running = fiber
     const exit = await runtime.runPromise(Fiber.await(fiber))
     if (running === fiber) running = undefined
+    files.close()
     const outcome: PromptOutcome = Exit.isSuccess(exit)
       ? exit.value
       : Exit.isInterrupted(exit)
