@@ -177,7 +177,7 @@ describe("file tools on special files", () => {
       )
       let child: number | undefined
       for (let i = 0; i < 2000 && child === undefined; i++) {
-        child = processesMentioning(CHILD_MARK)[0]
+        child = processesMentioning(CHILD_MARK).find((pid) => ownedByThisTest(pid, dir))
         if (child === undefined) yield* Effect.sleep("2 millis")
       }
       expect(child, "a child does the file operation").toBeDefined()

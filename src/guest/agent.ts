@@ -22,6 +22,7 @@ import { baselineDir } from "./repoDisk.js"
 import type { PromptRunner } from "./prompts.js"
 import type { TurnOutcome, TurnRunner } from "./turns.js"
 import type { TtyTurnRunner } from "./ttyTurns.js"
+import type { TurnSlot } from "./turnSlot.js"
 import { channelDuplex } from "./tunnels.js"
 import { errorMessage as errorText } from "../domain/errorMessage.js"
 
@@ -43,6 +44,8 @@ export interface GuestAgentOptions {
   readonly repoDir: string
   readonly stateDir: string
   readonly runner: TurnRunner
+  /** the one turn slot the runners share (one turn at a time, whichever its kind) */
+  readonly slot: TurnSlot
   /** tty turns (a pty from BusyBox telnetd); absent: hello does not list FEATURE_TTY */
   readonly tty?: TtyTurnRunner | undefined
   /** prompt turns (the model agent); absent: a prompt turn is refused with an error */
@@ -422,7 +425,7 @@ export class GuestAgent {
     outputChannel?: number,
     limits?: TurnLimits
   ): Promise<void> | void {
-    const { runner, prompts, tty } = this.options
+    const { runner, prompts } = this.options
     // the host's output channel (FEATURE_OUTPUT) carries a shell command's stdout/stderr; a turn
     // that sends events instead (prompt, configured agent, refused) ends it at once
     const channel = outputChannel === undefined ? undefined : this.options.link.channel(outputChannel)
@@ -452,7 +455,7 @@ export class GuestAgent {
             })
           }
         : undefined
-    const busy = runner.current ?? prompts?.current ?? tty?.current
+    const busy = this.options.slot.current
     if (busy !== undefined) {
       if (raw) void endOutput()
       return this.send({

@@ -36,6 +36,7 @@ import { TunnelClient } from "./tunnels.js"
 import { PromptRunner } from "./prompts.js"
 import { TurnRunner, turnEnv } from "./turns.js"
 import { BUSYBOX, TtyTurnRunner } from "./ttyTurns.js"
+import { TurnSlot } from "./turnSlot.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
 import { errorMessage as errorText } from "../domain/errorMessage.js"
 
@@ -278,9 +279,11 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     agentArgv: config.right.agent?.argv,
     extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
   }
-  const runner = new TurnRunner(turnEnvironment)
+  // one turn at a time, whichever its kind: the three runners share one slot
+  const slot = new TurnSlot()
+  const runner = new TurnRunner(turnEnvironment, slot)
   // tty turns need BusyBox's telnetd (the image's /bin/busybox); without it hello does not offer them
-  const tty = existsSync(BUSYBOX) ? new TtyTurnRunner(turnEnvironment) : undefined
+  const tty = existsSync(BUSYBOX) ? new TtyTurnRunner(turnEnvironment, BUSYBOX, slot) : undefined
   // the model agent: its bundle loads on the first prompt turn, not here
   const saver: { agent?: GuestAgent } = {}
   const prompts = new PromptRunner({
@@ -295,7 +298,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     proxyPort: proxy.port,
     caPems: addedCaPems(config.right),
     log
-  })
+  }, slot)
   // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent
   process.once("SIGTERM", () => {
     runner.killNow()
@@ -310,6 +313,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     repoDir: flags.repo,
     stateDir: flags.state,
     runner,
+    slot,
     prompts,
     tty,
     history,

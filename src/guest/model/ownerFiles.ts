@@ -22,6 +22,7 @@ import * as Data from "effect/Data"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
+import { killGroup } from "../processGroup.js"
 import type { TurnUser } from "../user.js"
 
 /** the child's program for one request line → its reply line (without the newline) */
@@ -128,15 +129,6 @@ const CHILD_SCRIPT =
   ` if (chunk.length > 0) parts.push(chunk) });` +
   `process.stdin.on("end", () => process.exit(0));`
 
-/** signal a whole process group; ESRCH (already gone) is not an error */
-const killGroup = (pid: number): void => {
-  try {
-    process.kill(-pid, "SIGKILL")
-  } catch {
-    // the group is gone
-  }
-}
-
 /** a reply line's bound for a request (a read's base64, with room for the frame) */
 const replyBound = (request: FileOpRequest): number =>
   request.op === "read" ? Math.ceil((request.max + 1) / 3) * 4 + 4096 : 64 * 1024
@@ -191,7 +183,7 @@ export class FileOpChild {
     if (child === undefined) return
     this.child = undefined
     liveChildren.delete(this)
-    killGroup(child.pid)
+    killGroup(child.pid, "SIGKILL")
     child.process.stdin?.destroy()
     child.process.stdout?.destroy()
     child.process.stderr?.destroy()

@@ -26,6 +26,7 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { GUEST_REPO_PATH } from "../agent.js"
+import { killGroup } from "../processGroup.js"
 import type { TurnUser } from "../user.js"
 import { FileOpChild, killAllFileOps, type FileOpError } from "./ownerFiles.js"
 import { DEFAULT_READ_LINES, numberedLines, ReadLedger, replaceText } from "./fileText.js"
@@ -165,16 +166,6 @@ export interface ToolEnvironment {
   readonly ledger?: ReadLedger
   /** the owner's child for file operations (the caller ends it); default: one of these handlers' own */
   readonly files?: FileOpChild
-}
-
-/** signal a whole process group; ESRCH (already gone) is not an error */
-const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
-  if (pid === undefined) return
-  try {
-    process.kill(-pid, signal)
-  } catch {
-    // the group is gone
-  }
 }
 
 /** process groups of running tools, for a synchronous last-resort kill (SIGTERM to the agent) */
