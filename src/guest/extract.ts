@@ -35,8 +35,9 @@ import { errorMessage } from "../domain/errorMessage.js"
 
 export class ExtractError extends Error {
   readonly reason: string
-  constructor(reason: string) {
-    super(`tar extraction failed: ${reason}`)
+  /** `cause`: the error of the operation that failed (a write, a parse), kept as it came */
+  constructor(reason: string, cause?: unknown) {
+    super(`tar extraction failed: ${reason}`, cause === undefined ? undefined : { cause })
     this.name = "ExtractError"
     this.reason = reason
   }
@@ -563,7 +564,7 @@ export const extractTar = async (
   if (failure !== undefined) {
     throw failure instanceof ExtractError
       ? failure
-      : new ExtractError(errorMessage(failure))
+      : new ExtractError(errorMessage(failure), failure)
   }
   return { files, bytes, skipped }
 }
