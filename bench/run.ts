@@ -5,7 +5,7 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
-import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
+import { agentFileToolRoundTrip, agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { detachedExec } from "./detached.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
@@ -47,6 +47,7 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["repoOpen200MB", repoOpen200MB],
   ["agentFirstRequest", agentFirstRequest],
   ["agentToolRoundTrip", agentToolRoundTrip],
+  ["agentFileToolRoundTrip", agentFileToolRoundTrip],
   ["detachedExec", detachedExec],
   ["turnOutputStream", turnOutputStream]
 ]
