@@ -236,6 +236,30 @@ describe("the owner's child", () => {
   )
 })
 
+describe("the owner's child, written to by the owner", () => {
+  it.live("a reply the owner forges into its idle child's stdout cannot be written (a socket, not a pipe); the next call reads the file", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const h = handlersFor(dir)
+      const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
+      expect((yield* h.read_file({ path: "a.txt" })).isError).toBe(false)
+      const [idle] = mine()
+      expect(idle).toBeDefined()
+      // the owner may open its own processes' descriptors through /proc: not a socket's
+      const forged = spawnSync(
+        "/bin/sh",
+        ["-c", `printf '{"id":2,"ok":true,"data":"Zm9yZ2Vk"}\\n' > /proc/${idle}/fd/1`],
+        owner === undefined ? {} : { uid: owner.uid, gid: owner.gid }
+      )
+      expect(forged.status).not.toBe(0)
+      expect(forged.stderr.toString()).toContain("No such device or address")
+      const next = yield* bounded(h.read_file({ path: "a.txt" }))
+      expect(next.output).toBe("1\tone\n2\ttwo")
+      expect(mine()).toEqual([idle])
+    })
+  )
+})
+
 describe.skipIf(!isRoot || os.arch() !== "x64" || spawnSync("perl", ["-e", "1"]).status !== 0)(
   "list_files and search enter their directory as the owner",
   () => {
