@@ -14,12 +14,12 @@
  * compare two trees made from them with no filters and no configuration of the user's.
  */
 import * as Effect from "effect/Effect"
-import { spawn } from "node:child_process"
 import { createHash } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { isGitName, safeComponents } from "../guest/extract.js"
+import { runCommand } from "../lib/command.js"
 import { DEFAULT_LIMITS, DIFF_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
 import { scanSource, tarSnapshot } from "../lib/snapshot.js"
 import type { GuestConnection } from "../services/GuestRpc.js"
@@ -67,60 +67,44 @@ const git = (
     readonly maxOutput?: number
   } = {}
 ) =>
-  Effect.async<Buffer, RepoToolFailed | ArchiveRefused>((resume) => {
-    const child = spawn("git", args, {
-      cwd: options.cwd,
-      stdio: ["pipe", "pipe", "pipe"],
-      env: {
-        PATH: process.env.PATH ?? "/usr/bin:/bin",
-        HOME: os.tmpdir(),
-        LANG: "C",
-        GIT_CONFIG_NOSYSTEM: "1",
-        GIT_CONFIG_GLOBAL: "/dev/null",
-        GIT_TERMINAL_PROMPT: "0",
-        GIT_PAGER: "cat",
-        ...options.env
-      }
-    })
-    const out: Array<Buffer> = []
-    let size = 0
-    let overflow = false
-    let stderr = ""
-    child.stdout.on("data", (chunk: Buffer) => {
-      if (overflow) return
-      size += chunk.length
-      if (options.maxOutput !== undefined && size > options.maxOutput) {
-        overflow = true
-        out.length = 0
-        child.kill("SIGKILL")
-        return
-      }
-      out.push(chunk)
-    })
-    child.stderr.on("data", (chunk: Buffer) => {
-      if (stderr.length < 16384) stderr += chunk.toString("utf8")
-    })
-    child.stdin.on("error", () => undefined)
-    child.once("error", (cause) =>
-      resume(Effect.fail(tool("git", `git is needed on the host for this: ${cause.message}`)))
+  runCommand("git", args, {
+    cwd: options.cwd,
+    input: options.input,
+    maxOutput: options.maxOutput,
+    env: {
+      PATH: process.env.PATH ?? "/usr/bin:/bin",
+      HOME: os.tmpdir(),
+      LANG: "C",
+      GIT_CONFIG_NOSYSTEM: "1",
+      GIT_CONFIG_GLOBAL: "/dev/null",
+      GIT_TERMINAL_PROMPT: "0",
+      GIT_PAGER: "cat",
+      ...options.env
+    }
+  }).pipe(
+    Effect.catchTags({
+      CommandNotRun: (error) =>
+        Effect.fail(
+          new RepoToolFailed({
+            tool: "git",
+            message: `git is needed on the host for this: ${errorMessage(error.cause)}`,
+            cause: error
+          })
+        ),
+      CommandOutputTooLarge: (error) =>
+        Effect.fail(
+          new ArchiveRefused({
+            reason: "patch too big",
+            message: `the patch is larger than ${error.limit} bytes: limit the diff to paths (-- <path>), or take big files out with abox cp`
+          })
+        )
+    }),
+    Effect.flatMap((result) =>
+      result.exitCode === 0
+        ? Effect.succeed(result.stdout)
+        : Effect.fail(tool("git", `git ${args[0]} exited ${result.exitCode}: ${result.stderr.trim()}`))
     )
-    child.once("close", (code) =>
-      resume(
-        overflow
-          ? Effect.fail(
-              new ArchiveRefused({
-                reason: "patch too big",
-                message: `the patch is larger than ${options.maxOutput} bytes: limit the diff to paths (-- <path>), or take big files out with abox cp`
-              })
-            )
-          : code === 0
-            ? Effect.succeed(Buffer.concat(out))
-            : Effect.fail(tool("git", `git ${args[0]} exited ${code}: ${stderr.trim()}`))
-      )
-    )
-    child.stdin.end(options.input ?? "")
-    return Effect.sync(() => void child.kill("SIGKILL"))
-  })
+  )
 
 /** a relative path inside the repository (no `..`, not absolute), normalised; "" is the root */
 export const repoPath = (given: string): Effect.Effect<string, RepoPathInvalid> => {
