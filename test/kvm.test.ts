@@ -21,17 +21,21 @@ const fakeQemu = (script: string) => {
 }
 
 layer(NodeContext.layer)("the KVM probe", (it) => {
-  it.effect("a VM that reads its QMP commands and quits cleanly: usable; an error or a failed exit: not", () =>
-    Effect.gen(function* () {
-      // the probe's QMP commands arrive on stdin, and its argv asks for KVM
-      const ok = fakeQemu('cat > "$0.stdin"; echo "$@" > "$0.argv"; exit 0')
-      expect(yield* probeKvm(ok, "x86_64")).toBe(true)
-      expect(fs.readFileSync(`${ok}.stdin`, "utf8")).toContain('{"execute":"quit"}')
-      expect(fs.readFileSync(`${ok}.argv`, "utf8")).toContain("q35,accel=kvm")
-      expect(yield* probeKvm(fakeQemu("cat >/dev/null; echo 'qemu: error: KVM refused' >&2"), "x86_64")).toBe(false)
-      expect(yield* probeKvm(fakeQemu("cat >/dev/null; exit 1"), "x86_64")).toBe(false)
-      expect(yield* probeKvm("/nonexistent/qemu-system-x86_64", "x86_64")).toBe(false)
-    })
+  it.effect(
+    "a VM that reads its QMP commands and quits cleanly: usable; an error or a failed exit: not",
+    () =>
+      Effect.gen(function* () {
+        // the probe's QMP commands arrive on stdin, and its argv asks for KVM
+        const ok = fakeQemu('cat > "$0.stdin"; echo "$@" > "$0.argv"; exit 0')
+        expect(yield* probeKvm(ok, "x86_64")).toBe(true)
+        expect(fs.readFileSync(`${ok}.stdin`, "utf8")).toContain('{"execute":"quit"}')
+        expect(fs.readFileSync(`${ok}.argv`, "utf8")).toContain("q35,accel=kvm")
+        expect(
+          yield* probeKvm(fakeQemu("cat >/dev/null; echo 'qemu: error: KVM refused' >&2"), "x86_64")
+        ).toBe(false)
+        expect(yield* probeKvm(fakeQemu("cat >/dev/null; exit 1"), "x86_64")).toBe(false)
+        expect(yield* probeKvm("/nonexistent/qemu-system-x86_64", "x86_64")).toBe(false)
+      })
   )
 
   it.effect("a probe VM that never quits: killed at 10 s, not usable", () =>
@@ -40,7 +44,8 @@ layer(NodeContext.layer)("the KVM probe", (it) => {
       const probe = yield* Effect.fork(probeKvm(hung, "x86_64"))
       // the stand-in is running (real time: its start is a real process)
       yield* Effect.promise(async () => {
-        for (let i = 0; i < 200 && !fs.existsSync(`${hung}.pid`); i++) await new Promise((r) => setTimeout(r, 25))
+        for (let i = 0; i < 200 && !fs.existsSync(`${hung}.pid`); i++)
+          await new Promise((r) => setTimeout(r, 25))
       })
       const pid = Number(fs.readFileSync(`${hung}.pid`, "utf8"))
       expect(alive(pid)).toBe(true)

@@ -171,20 +171,32 @@ layer(NodeContext.layer)("repository disks", (it) => {
     })
   )
 
-  it.effect("a host tool that cannot start, or exits non-zero: DiskError (tool) with the cause or its stderr", () =>
-    Effect.gen(function* () {
-      const missing = yield* Effect.flip(runTool("/some/disk", "/nonexistent/abox-no-such-tool", ["-x"]))
-      expect(missing).toMatchObject({ _tag: "DiskError", reason: "tool", path: "/some/disk" })
-      expect(missing.message).toContain("/nonexistent/abox-no-such-tool")
-      // the tool's start failure itself, not a string of it
-      expect(missing.cause).toMatchObject({ _tag: "CommandNotRun", command: "/nonexistent/abox-no-such-tool" })
-      const failed = yield* Effect.flip(runTool("/some/disk", "/bin/sh", ["-c", "echo bad input >&2; exit 3"]))
-      expect(failed.message).toBe("sh exited 3: bad input")
-      // stdin is what the caller gives, stdout what the tool wrote; the environment is abox's minimal one
-      process.env.ABOX_TEST_LEAK = "inherited"
-      const echoed = yield* runTool("/some/disk", "/bin/sh", ["-c", "cat; echo \"[$ABOX_TEST_LEAK]\""], "in\n")
-      delete process.env.ABOX_TEST_LEAK
-      expect(echoed).toBe("in\n[]\n")
-    })
+  it.effect(
+    "a host tool that cannot start, or exits non-zero: DiskError (tool) with the cause or its stderr",
+    () =>
+      Effect.gen(function* () {
+        const missing = yield* Effect.flip(runTool("/some/disk", "/nonexistent/abox-no-such-tool", ["-x"]))
+        expect(missing).toMatchObject({ _tag: "DiskError", reason: "tool", path: "/some/disk" })
+        expect(missing.message).toContain("/nonexistent/abox-no-such-tool")
+        // the tool's start failure itself, not a string of it
+        expect(missing.cause).toMatchObject({
+          _tag: "CommandNotRun",
+          command: "/nonexistent/abox-no-such-tool"
+        })
+        const failed = yield* Effect.flip(
+          runTool("/some/disk", "/bin/sh", ["-c", "echo bad input >&2; exit 3"])
+        )
+        expect(failed.message).toBe("sh exited 3: bad input")
+        // stdin is what the caller gives, stdout what the tool wrote; the environment is abox's minimal one
+        process.env.ABOX_TEST_LEAK = "inherited"
+        const echoed = yield* runTool(
+          "/some/disk",
+          "/bin/sh",
+          ["-c", 'cat; echo "[$ABOX_TEST_LEAK]"'],
+          "in\n"
+        )
+        delete process.env.ABOX_TEST_LEAK
+        expect(echoed).toBe("in\n[]\n")
+      })
   )
 })

@@ -95,7 +95,9 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
         else if (!kvmOpens()) {
           accel = "tcg"
           note("qemu: /dev/kvm is not usable here; guests run under TCG (slower)")
-        } else if (yield* Effect.provideService(probeKvm(qemu, arch), CommandExecutor.CommandExecutor, executor))
+        } else if (
+          yield* Effect.provideService(probeKvm(qemu, arch), CommandExecutor.CommandExecutor, executor)
+        )
           accel = "kvm"
         else {
           accel = "tcg"

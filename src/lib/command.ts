@@ -75,9 +75,12 @@ export const runCommand = (
         })
       ).pipe(Effect.mapError(notRun))
       // a failure (output too large) ends the scope, which kills the tool
-      const [, , exitCode] = yield* Effect.all([stdout, errors, child.exitCode.pipe(Effect.mapError(notRun))], {
-        concurrency: "unbounded"
-      })
+      const [, , exitCode] = yield* Effect.all(
+        [stdout, errors, child.exitCode.pipe(Effect.mapError(notRun))],
+        {
+          concurrency: "unbounded"
+        }
+      )
       return { exitCode, stdout: Buffer.concat(out), stderr: stderr.slice(0, STDERR_KEPT) }
     })
   )

@@ -99,7 +99,12 @@ export const runTool = (file: string, command: string, args: ReadonlyArray<strin
     Effect.catchTags({
       CommandNotRun: (error) =>
         Effect.fail(
-          new DiskError({ path: file, reason: "tool", message: `${command}: ${errorMessage(error.cause)}`, cause: error })
+          new DiskError({
+            path: file,
+            reason: "tool",
+            message: `${command}: ${errorMessage(error.cause)}`,
+            cause: error
+          })
         ),
       // no limit is given: never happens
       CommandOutputTooLarge: (error) => Effect.die(error)

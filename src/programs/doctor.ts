@@ -242,7 +242,8 @@ const vfkitCheck = (wanted: string) =>
         detail: `${found} (${version}; not macOS: signature not checked)`
       } as Check
     const signature = yield* output("codesign", ["-d", "--entitlements", "-", "--xml", found])
-    const entitlements = signature === undefined ? "" : `${signature.stdout.toString("utf8")}${signature.stderr}`
+    const entitlements =
+      signature === undefined ? "" : `${signature.stdout.toString("utf8")}${signature.stderr}`
     return entitlements.includes("com.apple.security.virtualization")
       ? ({
           name: "vfkit",

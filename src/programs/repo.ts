@@ -19,6 +19,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { isGitName, safeComponents } from "../guest/extract.js"
+import { removeTemp } from "../lib/atomicFile.js"
 import { runCommand } from "../lib/command.js"
 import { DEFAULT_LIMITS, DIFF_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
 import { scanSource, tarSnapshot } from "../lib/snapshot.js"
@@ -39,6 +40,9 @@ import { errorMessage } from "../domain/errorMessage.js"
 export const DIFF_EXCLUDE = [".git"]
 
 const tool = (name: string, message: string) => new RepoToolFailed({ tool: name, message })
+/** a host step that failed underneath: its message, and the failure itself as the cause */
+const toolFailed = (name: string, message: string, cause: unknown) =>
+  new RepoToolFailed({ tool: name, message: `${message}: ${errorMessage(cause)}`, cause })
 
 /** a scoped temporary directory (removed with the scope) */
 const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
@@ -47,7 +51,7 @@ const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
       try: () => fs.mkdtemp(path.join(parent, prefix)),
       catch: (cause) => tool("fs", `cannot create a temporary directory in ${parent}: ${errorMessage(cause)}`)
     }),
-    (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
+    (dir) => removeTemp(dir)
   )
 
 /**
@@ -226,9 +230,10 @@ const fetchTrees = (connection: GuestConnection) =>
       repo,
       limits
     )
-    yield* Effect.promise(() =>
-      Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })])
-    )
+    yield* Effect.tryPromise({
+      try: () => Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })]),
+      catch: (cause) => toolFailed("fs", `cannot create the trees to compare in ${work}`, cause)
+    })
     yield* git(["init", "-q", "--bare", gitDir])
     const baseTree = yield* writeTree(gitDir, base, work)
     const repoTree = yield* writeTree(gitDir, repo, work)
@@ -605,7 +610,10 @@ export const writeFile = Effect.fn("repo.writeFile")(function* (
         try: () => fs.writeFile(file, data, { mode }),
         catch: (cause) => tool("fs", `cannot stage ${guestPath}: ${errorMessage(cause)}`)
       })
-      yield* Effect.promise(() => fs.chmod(file, mode))
+      yield* Effect.tryPromise({
+        try: () => fs.chmod(file, mode),
+        catch: (cause) => toolFailed("fs", `cannot stage ${guestPath}`, cause)
+      })
       const dir = path.posix.dirname(rel)
       const tar = tarSnapshot(staging, [path.posix.basename(rel)]).tar
       return yield* connection.transfer(tar, dir === "." ? GUEST_REPO : `${GUEST_REPO}/${dir}`)
@@ -630,23 +638,27 @@ export const listFiles = Effect.fn("repo.listFiles")(function* (connection: Gues
         connection.exportTree({ tree: "repo", paths: rel === "" ? [] : [rel] }),
         staging
       )
-      return yield* Effect.promise(async () => {
-        const out: Array<RepoEntry> = []
-        const pending = [rel]
-        while (pending.length > 0) {
-          const dir = pending.pop()!
-          const names = await fs.readdir(path.join(staging, dir)).catch(() => [])
-          for (const name of names.sort()) {
-            const relPath = dir === "" ? name : `${dir}/${name}`
-            const stat = await fs.lstat(path.join(staging, relPath))
-            const type = stat.isDirectory() ? "directory" : stat.isSymbolicLink() ? "symlink" : "file"
-            out.push({ path: relPath, type, size: stat.isFile() ? stat.size : 0, mode: stat.mode & 0o7777 })
-            if (type === "directory") pending.push(relPath)
+      return yield* Effect.tryPromise({
+        try: async () => {
+          const out: Array<RepoEntry> = []
+          const pending = [rel]
+          while (pending.length > 0) {
+            const dir = pending.pop()!
+            const names = await fs.readdir(path.join(staging, dir)).catch(() => [])
+            for (const name of names.sort()) {
+              const relPath = dir === "" ? name : `${dir}/${name}`
+              const stat = await fs.lstat(path.join(staging, relPath))
+              const type = stat.isDirectory() ? "directory" : stat.isSymbolicLink() ? "symlink" : "file"
+              out.push({ path: relPath, type, size: stat.isFile() ? stat.size : 0, mode: stat.mode & 0o7777 })
+              if (type === "directory") pending.push(relPath)
+            }
           }
-        }
-        return out.sort((a, b) =>
-          a.path < b.path ? -1 : a.path > b.path ? 1 : 0
-        ) as ReadonlyArray<RepoEntry>
+          return out.sort((a, b) =>
+            a.path < b.path ? -1 : a.path > b.path ? 1 : 0
+          ) as ReadonlyArray<RepoEntry>
+        },
+        catch: (cause) =>
+          toolFailed("fs", `cannot list the guest's ${guestPath === "" ? "repository" : guestPath}`, cause)
       })
     })
   )

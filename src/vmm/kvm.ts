@@ -23,22 +23,25 @@ export const kvmOpens = (): boolean => {
  * /dev/kvm opening is not enough (nested hosts may refuse the CPU model at reset): start a
  * paused VM with `-cpu host` and quit it over QMP on stdin; success = a clean exit.
  */
-export const probeKvm = (binary: string, arch: GuestArch): Effect.Effect<boolean, never, CommandExecutor.CommandExecutor> => {
+export const probeKvm = (
+  binary: string,
+  arch: GuestArch
+): Effect.Effect<boolean, never, CommandExecutor.CommandExecutor> => {
   const machine = arch === "x86_64" ? "q35" : "virt"
   return runCommand(
     binary,
     [
-        "-nodefaults",
-        "-no-user-config",
-        "-machine",
-        `${machine},accel=kvm`,
-        "-cpu",
-        "host",
-        "-display",
-        "none",
-        "-S",
-        "-qmp",
-        "stdio"
+      "-nodefaults",
+      "-no-user-config",
+      "-machine",
+      `${machine},accel=kvm`,
+      "-cpu",
+      "host",
+      "-display",
+      "none",
+      "-S",
+      "-qmp",
+      "stdio"
     ],
     {
       env: minimalEnv(),
