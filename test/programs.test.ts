@@ -15,22 +15,13 @@ import * as os from "node:os"
 import * as path from "node:path"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
 import { fileChecksums } from "./cliHelpers.js"
-import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { HttpsBrokerLive } from "../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { open, resume, type Phase } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { SessionStore } from "../src/services/SessionStore.js"
+import { fakeLifecycle } from "./support/fakeLifecycle.js"
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
-const layerFor = (home: string, vmm = FakeVmm.layer) =>
-  Layer.mergeAll(SessionStoreLive, RuntimeLockLive, GuestRpcLive, HttpsBrokerLive, vmm, FakeImages).pipe(
-    Layer.provideMerge(aboxPathsAt(home)),
-    Layer.provideMerge(NodeFileSystem.layer)
-  )
+const layerFor = (home: string, vmm = FakeVmm.layer) => fakeLifecycle(home, { vmm })
 
 const sourceTree = () => {
   const source = tempDir("abox-src-")

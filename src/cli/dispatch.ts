@@ -63,5 +63,7 @@ const full = (): Promise<CliRun> =>
  */
 export const loadCli = (argv: ReadonlyArray<string>): Promise<CliRun> => {
   const word = argv[2]
+  // `abox --version` alone: the root command prints it whichever subcommands it holds
+  if (word === "--version" && argv.length === 3) return runsAlone.list()
   return word !== undefined && Object.hasOwn(runsAlone, word) ? runsAlone[word as keyof typeof runsAlone]() : full()
 }

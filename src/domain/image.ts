@@ -85,7 +85,9 @@ export class ImageNotFound extends Schema.TaggedError<ImageNotFound>()("ImageNot
 export class DiskError extends Schema.TaggedError<DiskError>()("DiskError", {
   path: Schema.String,
   reason: Schema.String,
-  message: Schema.String
+  message: Schema.String,
+  /** what failed underneath (a tool's start, a file system call), kept for diagnosis */
+  cause: Schema.optional(Schema.Defect)
 }) {}
 
 export class ImageInUse extends Schema.TaggedError<ImageInUse>()("ImageInUse", {

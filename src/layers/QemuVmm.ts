@@ -16,6 +16,10 @@ import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { SESSION_FILES } from "../domain/sessionLayout.js"
 import { findExecutable } from "../lib/executable.js"
+import * as CommandExecutor from "@effect/platform/CommandExecutor"
+// the Linux backend's own process executor (the KVM probe): a host layer, whoever builds it
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
+import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 
 export interface QemuVmmOptions {
   /** guest architecture this backend runs (default: the host's) */
@@ -67,6 +71,8 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
     const binary = qemuBinary(arch)
     const note = options.note ?? ((message: string) => process.stderr.write(`abox: ${message}\n`))
     const accelRef = yield* Ref.make(Option.none<Accel>())
+    // the KVM probe's QEMU runs through Command
+    const executor = yield* CommandExecutor.CommandExecutor
 
     const chooseAccel = (qemu: string) =>
       Effect.gen(function* () {
@@ -89,7 +95,10 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
         else if (!kvmOpens()) {
           accel = "tcg"
           note("qemu: /dev/kvm is not usable here; guests run under TCG (slower)")
-        } else if (yield* probeKvm(qemu, arch)) accel = "kvm"
+        } else if (
+          yield* Effect.provideService(probeKvm(qemu, arch), CommandExecutor.CommandExecutor, executor)
+        )
+          accel = "kvm"
         else {
           accel = "tcg"
           note("qemu: /dev/kvm opens but a KVM VM does not start on this host; guests run under TCG (slower)")
@@ -150,4 +159,8 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
   })
 
 /** The Linux VMM backend: QEMU (KVM when usable, else TCG) behind the abox-vmm helper. */
-export const QemuVmmLive = (options: QemuVmmOptions = {}) => Layer.effect(VmmBackend, makeQemuVmm(options))
+export const QemuVmmLive = (options: QemuVmmOptions = {}) =>
+  Layer.effect(VmmBackend, makeQemuVmm(options)).pipe(
+    Layer.provide(NodeCommandExecutor.layer),
+    Layer.provide(NodeFileSystem.layer)
+  )

@@ -1,4 +1,5 @@
 import * as Command from "@effect/platform/Command"
+import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
@@ -95,7 +96,7 @@ const RECIPE_BUILD_MARK = "abox-phase: build"
 
 const fail = (step: string, message: string) => new ImageBuildFailed({ step, message })
 /** the accelerator a session VM gets here: ABOX_QEMU_ACCEL, else what QemuVmm's `auto` picks */
-const sessionAccel = (arch: GuestArch): Effect.Effect<Accel, ConfigInvalid> =>
+const sessionAccel = (arch: GuestArch): Effect.Effect<Accel, ConfigInvalid, CommandExecutor.CommandExecutor> =>
   Effect.flatMap(readEnv(qemuAccel), (wanted) =>
     wanted === "kvm" || wanted === "tcg"
       ? Effect.succeed(wanted)
