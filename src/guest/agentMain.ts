@@ -37,6 +37,7 @@ import { PromptRunner } from "./prompts.js"
 import { TurnRunner, turnEnv } from "./turns.js"
 import { BUSYBOX, TtyTurnRunner } from "./ttyTurns.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
+import { readImageEnv } from "./imageEnv.js"
 import { errorMessage as errorText } from "../domain/errorMessage.js"
 
 export const GUEST_VERSION = "0.1.0"
@@ -276,7 +277,8 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     model: config.right.model,
     user,
     agentArgv: config.right.agent?.argv,
-    extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
+    // an imported image's Env first: abox's own variables win
+    extraEnv: { ...(await readImageEnv(log)), ...placeholderEnv(config.right), ...proxy.env }
   }
   const runner = new TurnRunner(turnEnvironment)
   // tty turns need BusyBox's telnetd (the image's /bin/busybox); without it hello does not offer them
