@@ -30,6 +30,10 @@ beforeAll(async () => {
   fs.writeFileSync(path.join(source, "README.md"), "the repository\n")
 }, 900_000)
 afterAll(() => {
+  // what a failed test left registered (a passing one removes its image itself)
+  if (home !== "")
+    for (const name of ["oci-e2e-oci-archive", "oci-e2e-docker-archive"])
+      fs.rmSync(path.join(testHome, "images", name), { recursive: true, force: true })
   if (home !== "") fs.rmSync(home, { recursive: true, force: true })
   if (source !== "") fs.rmSync(source, { recursive: true, force: true })
 })

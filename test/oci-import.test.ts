@@ -40,6 +40,10 @@ beforeAll(async () => {
   busybox = fs.readFileSync("/usr/bin/busybox")
 }, 900_000)
 afterAll(() => {
+  // what a failed test left registered (a passing one removes its image itself)
+  if (home !== "")
+    for (const name of ["oci-test", "oci-docker", "oci-dir", "hostile"])
+      fs.rmSync(path.join(testHome, "images", name), { recursive: true, force: true })
   if (home !== "") fs.rmSync(home, { recursive: true, force: true })
   if (work !== "") fs.rmSync(work, { recursive: true, force: true })
 })
