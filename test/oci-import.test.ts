@@ -15,6 +15,7 @@ import { execFileSync, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
+import * as zlib from "node:zlib"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { findImportedImage, removeImage } from "../src/lib/images.js"
 import { importImage, type ImportOptions } from "../src/programs/imageImport.js"
@@ -289,6 +290,12 @@ describe.skipIf(skip !== undefined)("abox image import", () => {
       name: "a FIFO in the archive",
       archive: () => archiveOf(ociLayout(small([])), [{ path: "pipe", type: "6" }]),
       reason: "archive"
+    },
+    {
+      name: "a gzipped archive of endless tar padding (a decompression bomb)",
+      archive: () => zlib.gzipSync(Buffer.alloc(100 * 1024 * 1024)),
+      reason: "archive",
+      limit: 1024 * 1024
     },
     { name: "no image at all", archive: () => fakeTar([{ path: "README", data: "hi" }]), reason: "format" }
   ]

@@ -512,7 +512,12 @@ export const extractTar = async (
         return
       }
       case "FIFO": {
-        // only a layer gets here (`untrusted` refuses FIFOs otherwise): a placeholder on the host
+        // skipped as any special entry, except in a layer (`untrusted` refuses them otherwise)
+        if (layer === undefined) {
+          skipped++
+          return
+        }
+        // a placeholder on the host: the image's file system gets the FIFO
         await clear(target, entry)
         await (
           await fs.open(
@@ -582,9 +587,12 @@ export const extractTar = async (
     }
   })
   // strict: tar's warnings (bad checksums, truncated input, not a tar) are 'error' events
-  parser.on("eof", () => {
-    sawEnd = true
-  })
+  const eof = new Promise<void>((resolve) =>
+    parser.on("eof", () => {
+      sawEnd = true
+      resolve()
+    })
+  )
   const parserDone = new Promise<void>((resolve, reject) => {
     parser.on("end", () => resolve())
     parser.on("error", (error: unknown) =>
@@ -600,9 +608,11 @@ export const extractTar = async (
   const feed = async (chunk: Buffer) => {
     if (parser.write(chunk)) return
     // a parser that failed emits no drain: its error ends the wait (and is the failure)
+    // nor does one past the archive's end (its two zero blocks): what follows is not read
     await Promise.race([
       new Promise<void>((resolve) => parser.once("drain", () => resolve())),
-      parserDone.catch(() => undefined)
+      parserDone.catch(() => undefined),
+      eof
     ])
   }
   /** bytes of an incomplete 512-byte block, held until the next chunk completes it */
@@ -634,6 +644,9 @@ export const extractTar = async (
       returned = true
       break
     }
+    // past the archive's end: the rest of the source is read (its sender finishes as before)
+    // but not parsed (the Parser takes no more, and would hold the reading forever)
+    if (sawEnd) continue
     const bytes = next.value
     // the Parser works in 512-byte blocks and concatenates (copies) whatever is left over with
     // the next chunk: hand it whole blocks only, so that file data is passed on as views

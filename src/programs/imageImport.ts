@@ -26,7 +26,8 @@ import {
   applyLayers,
   DEFAULT_IMPORT_LIMITS,
   type ImportLimits,
-  makeRootDisk
+  makeRootDisk,
+  measured
 } from "../lib/oci/rootfs.js"
 import { ImageBuildFailed } from "./image.js"
 
@@ -135,9 +136,14 @@ export const importImage = Effect.fn("image.import")(function* (options: ImportO
       layoutDir = path.join(work, "archive")
       yield* Effect.tryPromise({
         try: async () =>
-          extractTar(await archiveBytes(source.file), layoutDir, {
-            untrusted: { maxBytes: limits.maxBytes, maxEntries: 100_000, linksWithin: [] }
-          }),
+          // bounded as it is read too: a gzip of endless tar padding is stopped
+          extractTar(
+            measured(await archiveBytes(source.file), undefined, limits.maxBytes + 64 * 1024 * 1024),
+            layoutDir,
+            {
+              untrusted: { maxBytes: limits.maxBytes, maxEntries: 100_000, linksWithin: [] }
+            }
+          ),
         catch: (cause) =>
           refuse(
             "archive",

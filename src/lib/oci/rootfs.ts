@@ -70,12 +70,12 @@ const uncompressed = async (file: string): Promise<AsyncIterable<Buffer>> => {
 }
 
 /** the bytes as they pass, hashed and bounded (a compression bomb of tar padding stops here) */
-async function* measured(source: AsyncIterable<Buffer>, hash: crypto.Hash, limit: number) {
+export async function* measured(source: AsyncIterable<Buffer>, hash: crypto.Hash | undefined, limit: number) {
   let seen = 0
   for await (const chunk of source) {
     seen += chunk.length
-    if (seen > limit) throw new ExtractError(`the layer uncompresses to more than ${limit} bytes`)
-    hash.update(chunk)
+    if (seen > limit) throw new ExtractError(`it uncompresses to more than ${limit} bytes`)
+    hash?.update(chunk)
     yield chunk
   }
 }
@@ -298,7 +298,10 @@ export const addRuntime = (options: {
     const take = (from: string, into: string) =>
       runTool(baseRoot, debugfs, ["-R", `rdump "${from}" "${into}"`, baseRoot])
     const parts = path.join(work, "runtime")
-    yield* Effect.promise(() => fs.mkdir(parts, { recursive: true }))
+    yield* Effect.tryPromise({
+      try: () => fs.mkdir(parts, { recursive: true }),
+      catch: (cause) => refuse("runtime", `${parts}: ${errorMessage(cause)}`)
+    })
     yield* take("/opt/abox", parts)
     yield* take("/bin/busybox", parts)
     yield* take("/usr/local/bin/node", parts)
