@@ -14,6 +14,7 @@ import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./l
 import { listEmptyVsNode, listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
+import { imageImport } from "./imageImport.js"
 import { scrubOverhead } from "./scrub.js"
 import { turnOutputStream } from "./turnOutput.js"
 import { vmmOpenToHello, vmmRss } from "./vmm.js"
@@ -49,7 +50,8 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["agentToolRoundTrip", agentToolRoundTrip],
   ["agentFileToolRoundTrip", agentFileToolRoundTrip],
   ["detachedExec", detachedExec],
-  ["turnOutputStream", turnOutputStream]
+  ["turnOutputStream", turnOutputStream],
+  ["imageImport", imageImport]
 ]
 
 const only = process.argv.slice(2)

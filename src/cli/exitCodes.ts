@@ -62,7 +62,9 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // apply: the source changed where the patch writes; the patch does not apply
   SourceChanged: 97,
   PatchFailed: 98,
-  MergeConflicts: 102
+  MergeConflicts: 102,
+  // image import: the archive is not an image abox takes, or breaks a rule of untrusted input
+  ImageImportRefused: 110
 }
 
 /** anything without its own code */

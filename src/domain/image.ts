@@ -14,7 +14,8 @@ export const ImageFile = Schema.Struct({ file: Schema.String, sha256: Sha256, si
 /** the identity fields: with the three file digests they make the image's digest */
 export const ImageIdentityFields = Schema.Struct({
   name: Schema.String,
-  variant: Schema.Literal("small", "full"),
+  /** `oci`: imported from an OCI image (`abox image import`), its `source` says which */
+  variant: Schema.Literal("small", "full", "oci"),
   arch: GuestArch,
   kernel: Schema.String,
   node: Schema.String,
@@ -32,6 +33,28 @@ export type ImageIdentityFields = typeof ImageIdentityFields.Type
 export const AgentStart = Schema.Literal("snapshot", "bundle")
 export type AgentStart = typeof AgentStart.Type
 
+/** an imported image's Env for turns, in its root (written by `abox image import`, read by the guest agent) */
+export const IMAGE_ENV_FILE = "/opt/abox/image-env.json"
+
+/** where an imported image came from (`abox image import`, docs/images.md) */
+export const ImageSource = Schema.Struct({
+  kind: Schema.Literal("oci"),
+  format: Schema.Literal("oci-archive", "oci-layout", "docker-archive"),
+  /** the image's reference, normalised (`docker.io/library/node:20`), when the archive names one */
+  reference: Schema.optional(Schema.String),
+  /** the digests of its manifest (absent for a `docker save` archive, which has none) and config */
+  manifest: Schema.optional(Schema.String),
+  config: Schema.String,
+  layers: Schema.Number,
+  /** its config's Env (given to turns), WorkingDir and User */
+  env: Schema.Array(Schema.String),
+  workingDir: Schema.optional(Schema.String),
+  user: Schema.optional(Schema.String),
+  /** the abox image whose kernel, initrd, agent and runtime it carries (`name@digest`) */
+  base: Schema.String
+})
+export type ImageSource = typeof ImageSource.Type
+
 export const ImageJson = Schema.Struct({
   format: Schema.Literal(IMAGE_FORMAT),
   ...ImageIdentityFields.fields,
@@ -47,7 +70,8 @@ export const ImageJson = Schema.Struct({
      */
     kernelImage: Schema.optional(ImageFile)
   }),
-  agentStart: Schema.optional(AgentStart)
+  agentStart: Schema.optional(AgentStart),
+  source: Schema.optional(ImageSource)
 })
 export type ImageJson = typeof ImageJson.Type
 
@@ -95,4 +119,10 @@ export class ImageInUse extends Schema.TaggedError<ImageInUse>()("ImageInUse", {
   message: Schema.String,
   /** the ids of the sessions that would break (boot from its kernel, or back onto its root.raw) */
   sessions: Schema.optional(Schema.Array(Schema.String))
+}) {}
+
+/** `abox image import`: the archive is not an image abox takes, or it breaks a rule of untrusted input */
+export class ImageImportRefused extends Schema.TaggedError<ImageImportRefused>()("ImageImportRefused", {
+  reason: Schema.String,
+  message: Schema.String
 }) {}

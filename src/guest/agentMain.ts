@@ -38,6 +38,7 @@ import { TurnRunner, turnEnv } from "./turns.js"
 import { BUSYBOX, TtyTurnRunner } from "./ttyTurns.js"
 import { TurnSlot } from "./turnSlot.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
+import { readImageEnv } from "./imageEnv.js"
 import { errorMessage as errorText } from "../domain/errorMessage.js"
 
 export const GUEST_VERSION = "0.1.0"
@@ -277,7 +278,8 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     model: config.right.model,
     user,
     agentArgv: config.right.agent?.argv,
-    extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
+    // an imported image's Env first: abox's own variables win
+    extraEnv: { ...(await readImageEnv(log)), ...placeholderEnv(config.right), ...proxy.env }
   }
   // one turn at a time, whichever its kind: the three runners share one slot
   const slot = new TurnSlot()

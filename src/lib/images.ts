@@ -15,6 +15,7 @@ import {
   type GoldenImage,
   IMAGE_FORMAT,
   type ImageIdentityFields,
+  type ImageSource,
   ImageInUse,
   ImageJson,
   ImageNotFound,
@@ -213,7 +214,11 @@ export const registerImage = Effect.fn("images.register")(function* (
   imagesDir: string,
   staging: string,
   identity: ImageIdentityFields,
-  options: { readonly makeDefault: boolean; readonly agentStart?: AgentStart | undefined }
+  options: {
+    readonly makeDefault: boolean
+    readonly agentStart?: AgentStart | undefined
+    readonly source?: ImageSource | undefined
+  }
 ) {
   const hashOf = (file: string) =>
     Effect.all({
@@ -251,7 +256,8 @@ export const registerImage = Effect.fn("images.register")(function* (
             }
           })
     },
-    ...(options.agentStart === undefined ? {} : { agentStart: options.agentStart })
+    ...(options.agentStart === undefined ? {} : { agentStart: options.agentStart }),
+    ...(options.source === undefined ? {} : { source: options.source })
   }
   // golden files are read-only: sessions clone them, nothing writes them
   for (const file of [
@@ -280,6 +286,35 @@ export const registerImage = Effect.fn("images.register")(function* (
   if (options.makeDefault) yield* writeDefault(imagesDir, { name: identity.name, digest })
   return { dir: target, meta, isDefault: options.makeDefault } satisfies RegisteredImage
 })
+
+/**
+ * A reference as docker and skopeo complete it: `node:20` → `docker.io/library/node:20`,
+ * `ghcr.io/o/r` → `ghcr.io/o/r:latest` (a digest reference `…@sha256:…` keeps its digest).
+ */
+export const normalizeReference = (reference: string): string => {
+  const slash = reference.indexOf("/")
+  const first = slash === -1 ? "" : reference.slice(0, slash)
+  const hasDomain = first !== "" && (first.includes(".") || first.includes(":") || first === "localhost")
+  const domain = hasDomain ? first : "docker.io"
+  let rest = hasDomain ? reference.slice(slash + 1) : reference
+  if (domain === "docker.io" && !rest.includes("/")) rest = `library/${rest}`
+  const lastPart = rest.slice(rest.lastIndexOf("/") + 1)
+  if (!rest.includes("@") && !lastPart.includes(":")) rest = `${rest}:latest`
+  return `${domain}/${rest}`
+}
+
+/**
+ * The newest image imported from `reference` (`abox image import`; compared normalised, so
+ * `node:20` finds `docker.io/library/node:20`), or undefined.
+ */
+export const findImportedImage = (imagesDir: string, reference: string) =>
+  Effect.map(listImages(imagesDir), ({ images }) => {
+    const wanted = normalizeReference(reference)
+    return images.find(
+      (image) =>
+        image.meta.source?.reference !== undefined && normalizeReference(image.meta.source.reference) === wanted
+    )
+  })
 
 /**
  * remove `name@digest`; refuses the default unless `force` (then the pointer goes too). Sessions
