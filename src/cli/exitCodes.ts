@@ -62,7 +62,12 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // apply: the source changed where the patch writes; the patch does not apply
   SourceChanged: 97,
   PatchFailed: 98,
-  MergeConflicts: 102
+  MergeConflicts: 102,
+  // environments (docs/environments.md): the repository's environment file does not decode; its
+  // setup failed (no image made); its install command failed after Open (nothing kept)
+  EnvironmentInvalid: 110,
+  EnvironmentSetupFailed: 111,
+  EnvironmentInstallFailed: 112
 }
 
 /** anything without its own code */

@@ -24,7 +24,9 @@ import {
   stop,
   type SuperviseSpec
 } from "../../programs/detached.js"
-import { open, resume, type Session } from "../../programs/session.js"
+import { resume, type Session } from "../../programs/session.js"
+import { openWithEnvironment } from "../../programs/environment.js"
+import { allowEnvHosts } from "../environmentOptions.js"
 import { agentTurnEvent } from "../../services/GuestRpc.js"
 import { supervise } from "../../programs/supervisor.js"
 import { parseLine } from "../interactive.js"
@@ -75,7 +77,7 @@ const tellStarter = (line: string) =>
     }
   })
 
-type Opened = ReturnType<typeof open> | ReturnType<typeof resume>
+type Opened = ReturnType<typeof openWithEnvironment> | ReturnType<typeof resume>
 type Acquire = Effect.Effect<Session, Effect.Effect.Error<Opened>, Effect.Effect.Context<Opened>>
 
 const optionOf = <A>(value: A | undefined) => Option.fromNullable(value)
@@ -105,7 +107,15 @@ export const superviseCommand = Command.make(
         const source = spec.open
         const acquire: Acquire =
           source !== undefined
-            ? open({ ...boot, source: source.source, name: source.name, image: source.image })
+            ? openWithEnvironment({
+                ...boot,
+                source: source.source,
+                name: source.name,
+                image: source.image,
+                // no terminal here: the environment's hosts are granted by the policy or the flag alone
+                allowEnvHosts: source.allowEnvHosts,
+                onNotice: (line) => Console.error(`abox: ${escapeControl(line)}`)
+              })
             : resume(spec.resume ?? "", boot)
         const reason = yield* supervise(acquire, {
           lines: spec.agent !== undefined && spec.agent.length > 0 ? "shell" : "prompt",
@@ -165,6 +175,7 @@ const startOptions = {
     Options.withDescription("HTTPS broker policy file (docs/broker.md)")
   ),
   idleTimeout: durationOption("idle-timeout", "close the session after this long with no client and no turn"),
+  allowEnvHosts,
   json
 }
 
@@ -183,7 +194,8 @@ const specFor = (target: string, args: StartArgs): SuperviseSpec => {
           open: {
             source: path.resolve(target),
             name: Option.getOrUndefined(args.name),
-            image: Option.getOrUndefined(args.image)
+            image: Option.getOrUndefined(args.image),
+            ...(args.allowEnvHosts ? { allowEnvHosts: true } : {})
           }
         }
       : { resume: target }),
