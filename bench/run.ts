@@ -7,6 +7,7 @@
 import * as fs from "node:fs"
 import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { detachedExec } from "./detached.js"
+import { envBuild, envDisk, envOpen } from "./environment.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
@@ -48,7 +49,10 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["agentFirstRequest", agentFirstRequest],
   ["agentToolRoundTrip", agentToolRoundTrip],
   ["detachedExec", detachedExec],
-  ["turnOutputStream", turnOutputStream]
+  ["turnOutputStream", turnOutputStream],
+  ["envBuild", envBuild],
+  ["envDisk", envDisk],
+  ["envOpen", envOpen]
 ]
 
 const only = process.argv.slice(2)

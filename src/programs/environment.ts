@@ -88,12 +88,13 @@ export const grantedHosts = Effect.fn("environment.grant")(function* (
 ) {
   const requested = environment.allow
   if (requested.length === 0) return { granted: [], refused: [] }
-  const inPolicy = requested.filter((host) => decide(policy, host, 443).allow)
-  const pending = requested.filter((host) => !inPolicy.includes(host))
-  let granted: ReadonlyArray<string> = inPolicy
+  // the user's policy, then what the user granted this environment before
+  let granted: ReadonlyArray<string> = requested.filter(
+    (host) => decide(policy, host, 443).allow || recorded?.includes(host) === true
+  )
+  const pending = requested.filter((host) => !granted.includes(host))
   if (pending.length > 0) {
     if (options.allowEnvHosts === true) granted = requested
-    else if (recorded !== undefined && pending.every((host) => recorded.includes(host))) granted = requested
     else if (options.consentHosts !== undefined && (yield* options.consentHosts(pending))) granted = requested
   }
   const refused = requested.filter((host) => !granted.includes(host))
