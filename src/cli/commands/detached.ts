@@ -27,6 +27,7 @@ import {
 import { resume, type Session } from "../../programs/session.js"
 import { openWithEnvironment } from "../../programs/environment.js"
 import { allowEnvHosts } from "../environmentOptions.js"
+import { readEnvironment } from "../../lib/environment.js"
 import { agentTurnEvent } from "../../services/GuestRpc.js"
 import { supervise } from "../../programs/supervisor.js"
 import { parseLine } from "../interactive.js"
@@ -221,6 +222,13 @@ export const startSession = (target: string, args: StartArgs) =>
       yield* Console.error(
         `abox: session ${ready.sessionId} running (supervisor pid ${ready.pid}); abox exec ${ref} -- <cmd> · abox attach ${ref} · abox stop ${ref}`
       )
+      // the ports the repository's environment forwards (docs/environments.md)
+      const opened = specFor(target, args).open
+      if (opened !== undefined && opened.image === undefined) {
+        const environment = yield* readEnvironment(opened.source).pipe(Effect.orElseSucceed(() => undefined))
+        for (const port of environment?.forward ?? [])
+          yield* Console.error(`abox: the environment serves port ${port}: abox forward ${ref} ${port}`)
+      }
     }
   })
 
