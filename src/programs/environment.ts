@@ -156,6 +156,8 @@ export const buildEnvironmentImage = Effect.fn("environment.build")(function* (
           policy: withHosts(policy, granted),
           env: environment.env,
           setup: true,
+          // the setup is a shell command, never a configured agent's turn
+          agent: undefined,
           cpus: boot.cpus ?? environment.cpus,
           memoryMiB: boot.memoryMiB ?? environment.memoryMiB
         })
@@ -266,12 +268,16 @@ export const openWithEnvironment = Effect.fn("environment.open")(function* (
   const prepared = yield* prepareEnvironment(options.source, options, options)
   if (prepared === undefined) return yield* open(options)
   const { environment, image } = prepared
+  // with --agent every turn is the agent's: the install command would be its input, not a shell's
+  const install = options.agent === undefined ? environment.install : undefined
+  if (install === undefined && environment.install !== undefined)
+    yield* notice(options, `${environment.file}: install not run (with --agent, turns go to the agent): ${environment.install}`)
   return yield* open({
     ...options,
     image: `${image.meta.name}@${image.meta.digest}`,
     policy: prepared.policy,
     env: { ...environment.env, ...options.env },
-    install: environment.install,
+    install,
     cpus: options.cpus ?? environment.cpus,
     memoryMiB: options.memoryMiB ?? environment.memoryMiB
   })
