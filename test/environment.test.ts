@@ -103,6 +103,17 @@ describe("readEnvironment", () => {
     })
   )
 
+  it.effect("a linked .abox directory (pointing out of the repository) is refused, not read", () =>
+    Effect.gen(function* () {
+      const outside = repoWith({ "environment.json": JSON.stringify({ env: { LEAK: "host file" } }) })
+      const dir = repoWith({ "README.md": "x" })
+      fs.symlinkSync(outside, path.join(dir, ".abox"))
+      const error = yield* Effect.flip(readEnvironment(dir))
+      expect(error._tag).toBe("EnvironmentInvalid")
+      expect(error.message).toContain("outside the repository")
+    })
+  )
+
   it.effect("devcontainer.json with comments: image, onCreate as setup, postCreate as install, env, ports; the rest listed as ignored", () =>
     Effect.gen(function* () {
       const dir = repoWith({

@@ -115,6 +115,9 @@ const readBounded = (root: string, relative: string) =>
       })
       if (stat === undefined) return undefined
       if (!stat.isFile()) throw new Error("not a regular file (a link or a directory)")
+      // a linked directory on the way (`.abox -> /somewhere`) would read a file outside the repository
+      const [real, realRoot] = await Promise.all([fs.realpath(file), fs.realpath(root)])
+      if (!real.startsWith(realRoot + path.sep)) throw new Error(`it resolves outside the repository (${real})`)
       if (stat.size > MAX_ENVIRONMENT_BYTES) throw new Error(`larger than ${MAX_ENVIRONMENT_BYTES} bytes`)
       return await fs.readFile(file, "utf8")
     },
