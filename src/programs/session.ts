@@ -726,6 +726,10 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       const root = sessionRootDisk(session.dir, recorded.rootDisk)
       if (root.format === "qcow2") yield* checkOverlay(root.file)
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
+      const previousEnv = (yield* store.readGuestConfig(id).pipe(Effect.option)).pipe(
+        Option.flatMap((config) => Option.fromNullable(config.env)),
+        Option.getOrUndefined
+      )
       const now = yield* Clock.currentTimeMillis
       const meta = yield* store.update(id, (current) => ({
         ...current,
@@ -749,7 +753,8 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         session.dir,
         { ...image, arch: compat.guest.arch },
         held,
-        { ...options, model: meta.model },
+        // the environment's env (docs/environments.md) stays the session's: the last config's
+        { ...options, model: meta.model, env: options.env ?? previousEnv },
         policy,
         // a backend without repository disks cannot resume a session that has them
         vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(session.dir)
