@@ -7,6 +7,7 @@
 import * as fs from "node:fs"
 import { agentFileToolRoundTrip, agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { detachedExec } from "./detached.js"
+import { envBuild, envDisk, envOpen } from "./environment.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
@@ -51,7 +52,10 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["agentFileToolRoundTrip", agentFileToolRoundTrip],
   ["detachedExec", detachedExec],
   ["turnOutputStream", turnOutputStream],
-  ["imageImport", imageImport]
+  ["imageImport", imageImport],
+  ["envBuild", envBuild],
+  ["envDisk", envDisk],
+  ["envOpen", envOpen]
 ]
 
 const only = process.argv.slice(2)

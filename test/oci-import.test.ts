@@ -16,6 +16,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as zlib from "node:zlib"
+import * as NodeContext from "@effect/platform-node/NodeContext"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { findImportedImage, removeImage } from "../src/lib/images.js"
 import { importImage, type ImportOptions } from "../src/programs/imageImport.js"
@@ -50,7 +51,7 @@ afterAll(() => {
 })
 
 const run = (options: ImportOptions) =>
-  Effect.runPromiseExit(importImage(options).pipe(Effect.provide(aboxPathsAt(home))))
+  Effect.runPromiseExit(importImage(options).pipe(Effect.provide(aboxPathsAt(home)), Effect.provide(NodeContext.layer)))
 
 const write = (name: string, bytes: Buffer) => {
   const file = path.join(work, name)

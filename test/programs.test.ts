@@ -92,6 +92,26 @@ describe("open → turn → close → resume (FakeVmm)", () => {
     }).pipe(Effect.provide(layerFor(home)))
   })
 
+  it.live("the environment's env reaches turns, and stays the session's on resume", () => {
+    const home = tempDir("abox-home-")
+    const source = sourceTree()
+    return Effect.gen(function* () {
+      const id = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const session = yield* open({ source, env: { GREETING: "hello-env" } })
+          expect(stdoutOf(yield* collect(session.turn("echo \"G=$GREETING\"")))).toBe("G=hello-env\n")
+          return session.id
+        })
+      )
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          const session = yield* resume(id)
+          expect(stdoutOf(yield* collect(session.turn("echo \"G=$GREETING\"")))).toBe("G=hello-env\n")
+        })
+      )
+    }).pipe(Effect.provide(layerFor(home)))
+  })
+
   it.live(
     "a VM that dies before hello: open fails at once and leaves nothing (no dir, no name, lock free)",
     () => {

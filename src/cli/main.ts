@@ -1,3 +1,4 @@
+import { env } from "./commands/env.js"
 import { image } from "./commands/image.js"
 import { list } from "./commands/list.js"
 import { name } from "./commands/name.js"
@@ -33,6 +34,7 @@ const subcommands = [
   scrub,
   doctorCommand,
   image,
+  env,
   diffCommand,
   applyCommand,
   cpCommand,

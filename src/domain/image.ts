@@ -1,4 +1,5 @@
 import * as Schema from "effect/Schema"
+import { EnvironmentRecord } from "./environment.js"
 import { GuestArch, type ImageIdentity } from "./session.js"
 
 /**
@@ -71,6 +72,11 @@ export const ImageJson = Schema.Struct({
     kernelImage: Schema.optional(ImageFile)
   }),
   agentStart: Schema.optional(AgentStart),
+  /**
+   * an environment image (docs/environments.md): its root (`files.root`, `root.qcow2`) is a qcow2
+   * overlay over the base image's root.raw, which it names here
+   */
+  environment: Schema.optional(EnvironmentRecord),
   source: Schema.optional(ImageSource)
 })
 export type ImageJson = typeof ImageJson.Type
@@ -99,6 +105,8 @@ export interface GoldenImage {
   readonly kernel: string
   readonly initrd: string
   readonly rootDisk: string
+  /** the golden root's format: raw (absent), or qcow2 for an environment image's overlay */
+  readonly rootFormat?: "raw" | "qcow2" | undefined
 }
 
 export class ImageNotFound extends Schema.TaggedError<ImageNotFound>()("ImageNotFound", {

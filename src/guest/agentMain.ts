@@ -256,17 +256,20 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   let history
   let disks: RepoDisks = { repo: false, baseline: false }
   let messages: ReadonlyArray<unknown> = []
+  // an environment's setup VM: root turns, a read-only repository, no conversation kept on the root disk
+  const setupVm = config.right.setup === true
+  const stateDir = setupVm ? path.join(flags.run, "setup-state") : flags.state
   try {
-    user = isRoot() ? await resolveUser(flags.user) : undefined
-    await ensureStateDir(flags.state)
-    const loaded = await loadContext(flags.state)
+    user = isRoot() && !setupVm ? await resolveUser(flags.user) : undefined
+    await ensureStateDir(stateDir)
+    const loaded = await loadContext(stateDir)
     if (loaded.keptAside !== undefined) {
       log(`context.json did not decode (${loaded.keptAside.reason}); kept as ${loaded.keptAside.path}`)
     }
     history = loaded.turns
     messages = loaded.messages
     await fs.mkdir(flags.repo, { recursive: true, mode: 0o755 })
-    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, flags.state)
+    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, stateDir, setupVm)
     if (user !== undefined) await fs.chown(flags.repo, user.uid, user.gid)
   } catch (error) {
     return fail("setup_failed", `guest setup failed: ${errorText(error)}`, GuestExit.Setup)
@@ -279,7 +282,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     user,
     agentArgv: config.right.agent?.argv,
     // an imported image's Env first: abox's own variables win
-    extraEnv: { ...(await readImageEnv(log)), ...placeholderEnv(config.right), ...proxy.env }
+    extraEnv: { ...(await readImageEnv(log)), ...config.right.env, ...placeholderEnv(config.right), ...proxy.env }
   }
   // one turn at a time, whichever its kind: the three runners share one slot
   const slot = new TurnSlot()
@@ -313,7 +316,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     arch: archName(process.arch),
     build: GUEST_BUILD,
     repoDir: flags.repo,
-    stateDir: flags.state,
+    stateDir,
     runner,
     slot,
     prompts,

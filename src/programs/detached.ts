@@ -126,7 +126,9 @@ export const SuperviseSpec = Schema.Struct({
     Schema.Struct({
       source: Schema.String,
       name: Schema.optional(Schema.String),
-      image: Schema.optional(Schema.String)
+      image: Schema.optional(Schema.String),
+      /** `--allow-env-hosts`: grant the hosts the repository's environment asks for */
+      allowEnvHosts: Schema.optional(Schema.Boolean)
     })
   ),
   resume: Schema.optional(Schema.String),

@@ -367,6 +367,18 @@ export const imageRemove = Effect.fn("image.rm")(function* (
       message: `${shown} is used by ${users.length} session${users.length === 1 ? "" : "s"} (${describeUsers(users)}); removing it would leave them unbootable. --force makes each standalone first (its disk made self-contained, its kernel and initrd copied beside it)`
     })
   }
+  // environment images are overlays over their base's root.raw: the base stays while one does
+  const layered = (yield* listImages(paths.images)).images.filter(
+    (other) => other.meta.environment?.base.digest === image.meta.digest
+  )
+  if (layered.length > 0) {
+    return yield* new ImageInUse({
+      ref,
+      message: `${shown} is the base of ${layered.length} environment image${layered.length === 1 ? "" : "s"} (${layered
+        .map((other) => `${other.meta.name}@${other.meta.digest.slice(0, 12)}`)
+        .join(", ")}); remove them first (abox env rm <dir>, or abox image rm)`
+    })
+  }
   const legacy = users.filter((user) => user.row.legacy)
   if (legacy.length > 0) {
     return yield* new ImageInUse({

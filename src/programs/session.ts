@@ -52,6 +52,7 @@ import {
 import * as Config from "effect/Config"
 import * as Either from "effect/Either"
 import { checkCompatibility } from "./compat.js"
+import { EnvironmentInstallFailed } from "../domain/environment.js"
 
 /** A running session: the VM is up, the guest said hello. Closing its scope is Close. */
 export interface Session {
@@ -105,6 +106,14 @@ export interface BootOptions {
   readonly onPhase?: ((phase: Phase) => Effect.Effect<void> | void) | undefined
   /** told as the snapshot moves into the session (the CLI's progress bar) */
   readonly onProgress?: ((progress: TransferProgress) => Effect.Effect<void>) | undefined
+  /** variables for turn processes (the repository's environment; docs/environments.md) */
+  readonly env?: Readonly<Record<string, string>> | undefined
+  /**
+   * an environment's setup VM: turns run as root, the repository is read-only, no conversation
+   * is kept, and the model's provider rules stay out of the broker's policy (no credential the
+   * user did not grant reaches the setup)
+   */
+  readonly setup?: boolean | undefined
 }
 
 /** how far a transfer is: bytes (and files, where known) of the totals */
@@ -115,7 +124,7 @@ export interface TransferProgress {
   readonly totalBytes: number
 }
 
-export type Phase = "snapshot" | "clone" | "config" | "boot" | "transfer" | "ready"
+export type Phase = "snapshot" | "environment" | "clone" | "config" | "boot" | "transfer" | "install" | "ready"
 
 const phase = (options: BootOptions, name: Phase): Effect.Effect<void> =>
   Effect.suspend(() => {
@@ -127,6 +136,13 @@ export interface OpenOptions extends BootOptions {
   readonly source: string
   readonly name?: string | undefined
   readonly image?: string | undefined
+  /**
+   * a shell command run as the repository user once the repository is in (the environment's
+   * `install`); a non-zero status fails the Open (EnvironmentInstallFailed), nothing is kept
+   */
+  readonly install?: string | undefined
+  /** told each chunk of the install command's output */
+  readonly onInstallOutput?: ((event: TurnEvent) => Effect.Effect<void>) | undefined
 }
 
 export const DEFAULT_MODEL = "default"
@@ -199,7 +215,7 @@ const writeConfig = Effect.fn("session.writeConfig")(function* (
 export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], resolve: {} }
 
 /** `$ABOX_HOME/broker.json` when the user wrote one, else deny everything */
-const defaultPolicy = Effect.gen(function* () {
+export const defaultPolicy = Effect.gen(function* () {
   const paths = yield* AboxPaths
   const broker = yield* HttpsBroker
   const file = paths.homeFile("brokerPolicy")
@@ -274,6 +290,8 @@ const guestConfigFor = (
     )
   ],
   ...(options.agent !== undefined ? { agent: { argv: [...options.agent] } } : {}),
+  ...(options.env !== undefined && Object.keys(options.env).length > 0 ? { env: { ...options.env } } : {}),
+  ...(options.setup === true ? { setup: true } : {}),
   ...(options.ignoreShutdown === true ? { ignoreShutdown: true } : {})
 })
 
@@ -300,7 +318,10 @@ const boot = Effect.fn("session.boot")(function* (
   const root = sessionRootDisk(dir, meta.rootDisk)
 
   yield* phase(options, "config")
-  const model = yield* modelAndPolicy(options.model ?? DEFAULT_MODEL, recordedPolicy)
+  const model =
+    options.setup === true
+      ? { spec: undefined, policy: recordedPolicy }
+      : yield* modelAndPolicy(options.model ?? DEFAULT_MODEL, recordedPolicy)
   const policy = model.policy
   // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
   const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
@@ -468,6 +489,56 @@ const sessionFrom = (
   }
 }
 
+/** the last `max` characters of a turn's output, cut at a line where one is near */
+export const outputTail = (text: string, max = 4000): string => {
+  if (text.length <= max) return text
+  const cut = text.slice(-max)
+  const line = cut.indexOf("\n")
+  return line === -1 || line > 200 ? cut : cut.slice(line + 1)
+}
+
+/**
+ * One shell turn to its end: its output as it comes to `onOutput`, its status and the tail of its
+ * output (stdout and stderr as they came) returned.
+ */
+export const runCollecting = (
+  session: Pick<Session, "turn">,
+  command: string,
+  onOutput: ((event: TurnEvent) => Effect.Effect<void>) | undefined
+) =>
+  Effect.gen(function* () {
+    let text = ""
+    let end: Extract<TurnEvent, { _tag: "End" }> | undefined
+    yield* session.turn(command).pipe(
+      Stream.runForEach((event) => {
+        if (event._tag === "End") end = event
+        else if (event.event.kind === "stdout" || event.event.kind === "stderr") {
+          text = outputTail(text + event.event.data, 64 * 1024)
+        }
+        return onOutput?.(event) ?? Effect.void
+      })
+    )
+    return { exitCode: end?.exitCode ?? null, signal: end?.signal ?? null, tail: outputTail(text) }
+  })
+
+const runInstall = (
+  session: Session,
+  command: string,
+  source: string,
+  onOutput: ((event: TurnEvent) => Effect.Effect<void>) | undefined
+) =>
+  Effect.gen(function* () {
+    const result = yield* runCollecting(session, command, onOutput)
+    if (result.exitCode !== 0) {
+      return yield* new EnvironmentInstallFailed({
+        source,
+        exitCode: result.exitCode,
+        logTail: result.tail,
+        message: `the environment's install command failed (${result.exitCode === null ? `signal ${result.signal}` : `exit ${result.exitCode}`}): ${command}\n${result.tail}`
+      })
+    }
+  })
+
 /**
  * Runs `build` in a scope of its own, forked from the caller's: on success the resources join
  * the caller's scope; on failure or interruption they are released at once (VM stopped,
@@ -607,8 +678,13 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
         yield* booted.connection.transfer(counted, GUEST_REPO, { baseline: true })
         yield* progress(true)
       }
+      const opened = sessionFrom(made, dir, booted, snapshot.skipped)
+      if (options.install !== undefined) {
+        yield* phase(options, "install")
+        yield* runInstall(opened, options.install, scan.root, options.onInstallOutput)
+      }
       yield* phase(options, "ready")
-      return sessionFrom(made, dir, booted, snapshot.skipped)
+      return opened
     }),
     Effect.zipRight(keepFailedOpenLogs(dir, paths.homeFile("failedOpen")), store.remove(meta.id))
   )
@@ -650,6 +726,10 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       const root = sessionRootDisk(session.dir, recorded.rootDisk)
       if (root.format === "qcow2") yield* checkOverlay(root.file)
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
+      const previousEnv = (yield* store.readGuestConfig(id).pipe(Effect.option)).pipe(
+        Option.flatMap((config) => Option.fromNullable(config.env)),
+        Option.getOrUndefined
+      )
       const now = yield* Clock.currentTimeMillis
       const meta = yield* store.update(id, (current) => ({
         ...current,
@@ -673,7 +753,8 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         session.dir,
         { ...image, arch: compat.guest.arch },
         held,
-        { ...options, model: meta.model },
+        // the environment's env (docs/environments.md) stays the session's: the last config's
+        { ...options, model: meta.model, env: options.env ?? previousEnv },
         policy,
         // a backend without repository disks cannot resume a session that has them
         vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(session.dir)
