@@ -561,9 +561,7 @@ export const extractTar = async (
   await chain
   while (finishing.size > 0) await Promise.all(finishing)
   if (failure !== undefined) {
-    throw failure instanceof ExtractError
-      ? failure
-      : new ExtractError(errorMessage(failure))
+    throw failure instanceof ExtractError ? failure : new ExtractError(errorMessage(failure))
   }
   return { files, bytes, skipped }
 }

@@ -295,7 +295,8 @@ export class TtyTurnRunner {
     if (running.killTimer !== undefined) clearTimeout(running.killTimer)
     if (this.running === running) this.running = undefined
     await fs.rm(dir, { recursive: true, force: true })
-    if (status === undefined || status > 255) return { exitCode: null, signal: "SIGKILL", cancelled: running.cancelled }
+    if (status === undefined || status > 255)
+      return { exitCode: null, signal: "SIGKILL", cancelled: running.cancelled }
     return { exitCode: status, signal: null, cancelled: running.cancelled }
   }
 
