@@ -37,7 +37,6 @@ export class MigrationFailed extends Data.TaggedError("MigrationFailed")<{
 }> {}
 
 const decodeManifest = Schema.decodeUnknown(Schema.parseJson(StateManifest))
-const encodeManifest = Schema.encodeSync(Schema.parseJson(StateManifest, { space: 2 }))
 
 const failed = (step: string) => (cause: unknown) =>
   new MigrationFailed({ step, message: `${step}: ${errorMessage(cause)}`, cause })
@@ -287,9 +286,6 @@ export const readManifest = (file: string): Effect.Effect<StateManifest, StateMi
         })
     )
   )
-
-/** the manifest's JSON (written atomically by the caller) */
-export const encodeStateManifest = (manifest: StateManifest): string => encodeManifest(manifest) + "\n"
 
 export interface StateExpectation {
   readonly qemuVersion: string
