@@ -14,7 +14,8 @@ import {
   forwardCommand,
   startCommand,
   stopCommand,
-  superviseCommand
+  superviseCommand,
+  suspendCommand
 } from "./commands/detached.js"
 import { aboxCommand, runAbox } from "./root.js"
 
@@ -40,6 +41,7 @@ const subcommands = [
   execCommand,
   attachCommand,
   stopCommand,
+  suspendCommand,
   forwardCommand,
   superviseCommand
 ] as const
