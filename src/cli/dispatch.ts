@@ -41,6 +41,7 @@ const runsAlone = {
   exec: () => import("./commands/detached.js").then((m) => alone(m.execCommand)),
   attach: () => import("./commands/detached.js").then((m) => alone(m.attachCommand)),
   stop: () => import("./commands/detached.js").then((m) => alone(m.stopCommand)),
+  suspend: () => import("./commands/detached.js").then((m) => alone(m.suspendCommand)),
   forward: () => import("./commands/detached.js").then((m) => alone(m.forwardCommand)),
   start: () => import("./commands/detached.js").then((m) => alone(m.startCommand))
 } satisfies Record<string, () => Promise<CliRun>>

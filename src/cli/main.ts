@@ -15,7 +15,8 @@ import {
   forwardCommand,
   startCommand,
   stopCommand,
-  superviseCommand
+  superviseCommand,
+  suspendCommand
 } from "./commands/detached.js"
 import { aboxCommand, runAbox } from "./root.js"
 
@@ -42,6 +43,7 @@ const subcommands = [
   execCommand,
   attachCommand,
   stopCommand,
+  suspendCommand,
   forwardCommand,
   superviseCommand
 ] as const

@@ -202,6 +202,30 @@ const runCommand = (command: string, args: ReadonlyArray<string>): Promise<numbe
     child.once("exit", (code) => resolve(code))
   })
 
+/**
+ * After a restore of the VM's saved memory (`resumed`): in a VM, the clock from the host (it
+ * stood still while the VM was saved) and the host's entropy written into the kernel pool
+ * (/dev/urandom mixes what is written into it: a fork does not go on with its parent's pool);
+ * and a fork's own broker CA in the trust files every turn reads (same paths, new content).
+ */
+const onResumed =
+  (flags: GuestFlags, config: GuestConfig) =>
+  async (resumed: {
+    readonly unixMillis: number
+    readonly entropy: string
+    readonly brokerCaCert?: string | undefined
+  }) => {
+    if (flags.onShutdown === "poweroff") {
+      await fs.writeFile("/dev/urandom", Buffer.from(resumed.entropy, "base64"))
+      const code = await runCommand("date", ["-u", "-s", `@${Math.floor(resumed.unixMillis / 1000)}`])
+      if (code !== 0) log(`could not set the clock (date exited ${code})`)
+    }
+    if (resumed.brokerCaCert !== undefined && config.brokerCaCert !== undefined) {
+      await writeCaFiles(flags.run, [resumed.brokerCaCert, ...(config.extraCaCerts ?? [])])
+      log("trusting this session's own broker CA")
+    }
+  }
+
 const finish = async (flags: GuestFlags, code: number): Promise<never> => {
   if (flags.onShutdown === "poweroff" && code === GuestExit.Ok) {
     await runCommand("sync", [])
@@ -327,6 +351,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     onTunnelMessage: proxy.onTunnelMessage,
     log,
     repoDisk: disks.repo,
+    onResumed: onResumed(flags, config.right),
     // in a VM the host may stop it without the guest's help (its supervisor killed): a turn's
     // writes are synced before its end is reported (on the host, FakeVmm, the host's disks are not ours)
     settle: flags.onShutdown === "poweroff" ? () => runCommand("sync", []).then(() => undefined) : undefined

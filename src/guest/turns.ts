@@ -292,7 +292,9 @@ export class TurnRunner {
             ? pumpRecords(child.stdout!, "stdout", raw)
             : pumpChunks(child.stdout!, "stdout", sink)
       const err =
-        raw !== undefined ? pumpRecords(child.stderr!, "stderr", raw) : pumpChunks(child.stderr!, "stderr", sink)
+        raw !== undefined
+          ? pumpRecords(child.stderr!, "stderr", raw)
+          : pumpChunks(child.stderr!, "stderr", sink)
       const pumped = Promise.allSettled([out, err])
       child.once("exit", (code, signal) => {
         // leftovers of the turn (background jobs) die with it; their pipes then close

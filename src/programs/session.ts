@@ -38,7 +38,9 @@ import { type GoldenImage } from "../domain/image.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
 import { VmmBackend } from "../services/VmmBackend.js"
-import { VmmError, type CloseBounds, type RepoDisks, type VmHandle } from "../domain/vm.js"
+import { VmmError, type CloseBounds, type RepoDisks, type VmHandle, type VmSpec } from "../domain/vm.js"
+import type { StateManifest } from "../domain/memoryState.js"
+import { restoreSaved, suspendVm, SuspendRefused, type SuspendError } from "./suspend.js"
 import { hostArch } from "../lib/arch.js"
 import { type BrokerPolicy, withRules } from "../broker/policy.js"
 import {
@@ -79,6 +81,13 @@ export interface Session {
   readonly modelSpec?: ModelSpec | undefined
   /** source entries the snapshot left out (sockets, fifos, devices); empty on resume */
   readonly skipped: ReadonlyArray<string>
+  /**
+   * save the VM's memory beside its disks and end the VM (no turn may run): the next
+   * resume restores it, processes and all. Close the session's scope afterwards, as ever.
+   */
+  readonly suspend: Effect.Effect<StateManifest, SuspendError>
+  /** this boot restored a saved memory state (false: a cold boot) */
+  readonly restored: boolean
 }
 
 export type TurnMode = "shell" | "prompt"
@@ -356,7 +365,7 @@ const boot = Effect.fn("session.boot")(function* (
     helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
     shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT
   })
-  const vm = yield* vmm.start({
+  const spec: VmSpec = {
     sessionId: meta.id,
     sessionDir: dir,
     arch: image.arch,
@@ -372,7 +381,12 @@ const boot = Effect.fn("session.boot")(function* (
     lockFd: lock.fd,
     bounds: { ...DEFAULT_BOUNDS, ...options.bounds },
     ...(repoDisks === undefined ? {} : { repoDisks })
-  })
+  }
+  // a suspended session: its saved memory, when it still fits (else a cold boot, said why)
+  const restored = yield* restoreSaved(vmm, spec, meta.image?.digest ?? "", (message) =>
+    Effect.logWarning(message)
+  )
+  const vm = Option.isSome(restored) ? restored.value : yield* vmm.start(spec)
   yield* Ref.set(vmRef, Option.some(vm))
 
   // A VM that dies before its hello is reported at once, not after the hello timeout.
@@ -393,9 +407,13 @@ const boot = Effect.fn("session.boot")(function* (
       )
     )
   )
-  const connection = yield* Effect.raceFirst(listener.accept, died)
+  const connection = yield* Effect.raceFirst(
+    // a restored guest trusts the CA it booted with until it hears this process's own
+    Option.isSome(restored) ? listener.acceptResumed({ brokerCaCert: broker.caCertPem }) : listener.accept,
+    died
+  )
   yield* Effect.forkScoped(broker.serve(connection.tunnels))
-  return { connection, broker, modelSpec: model.spec }
+  return { connection, broker, modelSpec: model.spec, vm, restored: Option.isSome(restored) }
 })
 
 /**
@@ -442,12 +460,21 @@ const sessionFrom = (
     readonly connection: GuestConnection
     readonly broker: BrokerSession
     readonly modelSpec?: ModelSpec | undefined
+    readonly vm: VmHandle
+    readonly restored: boolean
   },
   skipped: ReadonlyArray<string>
 ): Session => {
   const { connection, broker } = booted
   // turns are numbered after the ones the guest remembers, so broker.log lines up with context.json
   let turns = connection.hello.contextTurns ?? 0
+  // turns running now: a suspend waits for none
+  let running = 0
+  const counted = <A, E, R>(stream: Stream.Stream<A, E, R>) =>
+    Stream.ensuring(
+      Stream.unwrap(Effect.sync(() => (running += 1)).pipe(Effect.as(stream))),
+      Effect.sync(() => (running -= 1))
+    )
   return {
     id: meta.id,
     dir,
@@ -471,7 +498,7 @@ const sessionFrom = (
         Effect.acquireRelease(
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
-        ).pipe(Effect.as(connection.turn(text, mode, limits)))
+        ).pipe(Effect.as(counted(connection.turn(text, mode, limits))))
       ).pipe(Stream.withSpan("Session.turn", { attributes: { session: meta.id, mode: mode ?? "shell" } }))
     },
     ttyTurn: (text, request) =>
@@ -482,10 +509,18 @@ const sessionFrom = (
             Effect.acquireRelease(
               Effect.suspend(() => broker.setTurn(++turns)),
               () => broker.setTurn(undefined)
-            ).pipe(Effect.as(connection.ttyTurn(text, request)))
+            ).pipe(Effect.as(counted(connection.ttyTurn(text, request))))
           ).pipe(Stream.withSpan("Session.ttyTurn", { attributes: { session: meta.id } })),
     modelSpec: booted.modelSpec,
-    skipped
+    skipped,
+    suspend: Effect.suspend(() =>
+      running > 0
+        ? Effect.fail(
+            new SuspendRefused({ reason: "busy", message: "a turn is running: suspend once it has ended" })
+          )
+        : suspendVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "")
+    ),
+    restored: booted.restored
   }
 }
 

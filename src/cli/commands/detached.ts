@@ -357,7 +357,9 @@ export const execCommand = Command.make(
     timeout: durationOption("timeout", "cancel the command after this long (exit 124)"),
     tty: Options.boolean("tty").pipe(
       Options.withAlias("t"),
-      Options.withDescription("run the command on a pseudo-terminal in the guest, of this terminal's size and TERM")
+      Options.withDescription(
+        "run the command on a pseudo-terminal in the guest, of this terminal's size and TERM"
+      )
     ),
     interactive: Options.boolean("interactive").pipe(
       Options.withAlias("i"),
@@ -427,7 +429,9 @@ export const execCommand = Command.make(
             if (args.interactive) {
               yield* rawStdin
               yield* stdinBytes.pipe(
-                Stream.runForEach((bytes) => connection.send({ type: "input", data: bytes.toString("base64") })),
+                Stream.runForEach((bytes) =>
+                  connection.send({ type: "input", data: bytes.toString("base64") })
+                ),
                 Effect.ignore,
                 Effect.forkScoped
               )
@@ -494,6 +498,35 @@ export const stopCommand = Command.make(
       })
     )
 ).pipe(Command.withDescription("close a running session: its supervisor runs Close and exits"))
+
+// ---- suspend ----
+
+export const suspendCommand = Command.make(
+  "suspend",
+  {
+    ref: sessionRef,
+    timeout: durationOption(
+      "timeout",
+      "how long the save and Close may take before the kill path (default 60s)"
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const result = yield* stop(args.ref, { timeout: Option.getOrUndefined(args.timeout), suspend: true })
+        if (args.json) yield* printJson({ ...result, suspended: true })
+        else
+          yield* Console.error(
+            `abox: session ${escapeControl(args.ref)} suspended (supervisor pid ${result.pid}); abox start ${escapeControl(args.ref)} restores it`
+          )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "save a running session's memory beside its disks and end its VM: the next start, resume or exec restores it, processes and all (QEMU)"
+  )
+)
 
 // ---- attach ----
 
