@@ -201,62 +201,91 @@ describe("file tools on special files", () => {
 })
 
 describe("the owner's child", () => {
-  it.live("one child serves the file operations that follow, as the owner; a cancel ends it and the next call starts another", () =>
+  it.live(
+    "one child serves the file operations that follow, as the owner; a cancel ends it and the next call starts another",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const h = handlersFor(dir)
+        const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
+        expect((yield* h.read_file({ path: "a.txt" })).output).toBe("1\tone\n2\ttwo")
+        const first = mine()
+        expect(first, "the child stays after its operation").toHaveLength(1)
+        expect((yield* h.write_file({ path: "b.txt", content: "b\n" })).isError).toBe(false)
+        expect((yield* h.edit_file({ path: "b.txt", old_string: "b", new_string: "c" })).isError).toBe(false)
+        expect((yield* h.read_file({ path: "b.txt" })).output).toBe("1\tc")
+        expect(mine(), "the same child did every operation").toEqual(first)
+        if (owner !== undefined) {
+          const status = fs.readFileSync(`/proc/${first[0]}/status`, "utf8")
+          expect(status).toMatch(new RegExp(`^Uid:\\s+${owner.uid}\\s+${owner.uid}\\s`, "m"))
+          expect(fs.readFileSync(`/proc/${first[0]}/environ`, "utf8")).toBe("")
+        }
+        // a cancel in the middle of an operation: the child goes, the next operation has a new one
+        process.kill(first[0]!, "SIGSTOP")
+        const fiber = yield* Effect.fork(h.read_file({ path: "a.txt" }))
+        yield* Effect.sleep("100 millis")
+        yield* bounded(Fiber.interrupt(fiber))
+        for (let i = 0; i < 100 && alive(first[0]!); i++) yield* Effect.sleep("20 millis")
+        expect(alive(first[0]!)).toBe(false)
+        expect((yield* bounded(h.read_file({ path: "b.txt" }))).output).toBe("1\tc")
+        const second = mine()
+        expect(second).toHaveLength(1)
+        expect(second).not.toEqual(first)
+        killAllFileOps()
+        for (let i = 0; i < 100 && alive(second[0]!); i++) yield* Effect.sleep("20 millis")
+        expect(alive(second[0]!), "the last-resort kill ends the child").toBe(false)
+      })
+  )
+})
+
+describe("the owner's child in an imported image", () => {
+  it.live("starts through the node that ABOX_NODE names (there, process.execPath is abox's loader)", () =>
     Effect.gen(function* () {
       const dir = repo()
-      const h = handlersFor(dir)
-      const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
-      expect((yield* h.read_file({ path: "a.txt" })).output).toBe("1\tone\n2\ttwo")
-      const first = mine()
-      expect(first, "the child stays after its operation").toHaveLength(1)
-      expect((yield* h.write_file({ path: "b.txt", content: "b\n" })).isError).toBe(false)
-      expect((yield* h.edit_file({ path: "b.txt", old_string: "b", new_string: "c" })).isError).toBe(false)
-      expect((yield* h.read_file({ path: "b.txt" })).output).toBe("1\tc")
-      expect(mine(), "the same child did every operation").toEqual(first)
-      if (owner !== undefined) {
-        const status = fs.readFileSync(`/proc/${first[0]}/status`, "utf8")
-        expect(status).toMatch(new RegExp(`^Uid:\\s+${owner.uid}\\s+${owner.uid}\\s`, "m"))
-        expect(fs.readFileSync(`/proc/${first[0]}/environ`, "utf8")).toBe("")
+      const bin = fs.mkdtempSync(path.join(os.tmpdir(), "abox-owner-node-"))
+      made.push(bin)
+      fs.chmodSync(bin, 0o777)
+      const wrapper = path.join(bin, "node")
+      fs.writeFileSync(wrapper, `#!/bin/sh\necho used > ${bin}/used\nexec ${process.execPath} "$@"\n`, {
+        mode: 0o755
+      })
+      const before = process.env.ABOX_NODE
+      process.env.ABOX_NODE = wrapper
+      try {
+        const h = handlersFor(dir)
+        expect((yield* bounded(h.read_file({ path: "a.txt" }))).output).toBe("1\tone\n2\ttwo")
+      } finally {
+        if (before === undefined) delete process.env.ABOX_NODE
+        else process.env.ABOX_NODE = before
       }
-      // a cancel in the middle of an operation: the child goes, the next operation has a new one
-      process.kill(first[0]!, "SIGSTOP")
-      const fiber = yield* Effect.fork(h.read_file({ path: "a.txt" }))
-      yield* Effect.sleep("100 millis")
-      yield* bounded(Fiber.interrupt(fiber))
-      for (let i = 0; i < 100 && alive(first[0]!); i++) yield* Effect.sleep("20 millis")
-      expect(alive(first[0]!)).toBe(false)
-      expect((yield* bounded(h.read_file({ path: "b.txt" }))).output).toBe("1\tc")
-      const second = mine()
-      expect(second).toHaveLength(1)
-      expect(second).not.toEqual(first)
-      killAllFileOps()
-      for (let i = 0; i < 100 && alive(second[0]!); i++) yield* Effect.sleep("20 millis")
-      expect(alive(second[0]!), "the last-resort kill ends the child").toBe(false)
+      expect(fs.existsSync(path.join(bin, "used")), "the wrapper started the child").toBe(true)
     })
   )
 })
 
 describe("the owner's child, written to by the owner", () => {
-  it.live("a reply the owner forges into its idle child's stdout cannot be written (a socket, not a pipe); the next call reads the file", () =>
-    Effect.gen(function* () {
-      const dir = repo()
-      const h = handlersFor(dir)
-      const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
-      expect((yield* h.read_file({ path: "a.txt" })).isError).toBe(false)
-      const [idle] = mine()
-      expect(idle).toBeDefined()
-      // the owner may open its own processes' descriptors through /proc: not a socket's
-      const forged = spawnSync(
-        "/bin/sh",
-        ["-c", `printf '{"id":2,"ok":true,"data":"Zm9yZ2Vk"}\\n' > /proc/${idle}/fd/1`],
-        owner === undefined ? {} : { uid: owner.uid, gid: owner.gid }
-      )
-      expect(forged.status).not.toBe(0)
-      expect(forged.stderr.toString()).toContain("No such device or address")
-      const next = yield* bounded(h.read_file({ path: "a.txt" }))
-      expect(next.output).toBe("1\tone\n2\ttwo")
-      expect(mine()).toEqual([idle])
-    })
+  it.live(
+    "a reply the owner forges into its idle child's stdout cannot be written (a socket, not a pipe); the next call reads the file",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const h = handlersFor(dir)
+        const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
+        expect((yield* h.read_file({ path: "a.txt" })).isError).toBe(false)
+        const [idle] = mine()
+        expect(idle).toBeDefined()
+        // the owner may open its own processes' descriptors through /proc: not a socket's
+        const forged = spawnSync(
+          "/bin/sh",
+          ["-c", `printf '{"id":2,"ok":true,"data":"Zm9yZ2Vk"}\\n' > /proc/${idle}/fd/1`],
+          owner === undefined ? {} : { uid: owner.uid, gid: owner.gid }
+        )
+        expect(forged.status).not.toBe(0)
+        expect(forged.stderr.toString()).toContain("No such device or address")
+        const next = yield* bounded(h.read_file({ path: "a.txt" }))
+        expect(next.output).toBe("1\tone\n2\ttwo")
+        expect(mine()).toEqual([idle])
+      })
   )
 })
 

@@ -26,6 +26,16 @@ import { killGroup } from "../processGroup.js"
 import type { TurnUser } from "../user.js"
 
 /** the child's program for one request line → its reply line (without the newline) */
+/**
+ * how to start node again: an imported image's node runs through abox's own loader
+ * (/opt/abox/bin/node, src/lib/oci/rootfs.ts), where `process.execPath` is that loader, so its
+ * wrapper names itself in ABOX_NODE (set by root's init, never by a turn)
+ */
+const nodeCommand = (): string => {
+  const named = process.env.ABOX_NODE
+  return named !== undefined && named.startsWith("/") ? named : process.execPath
+}
+
 export const fileOpChild = (fs: typeof NodeFs, path: typeof NodePath, input: string): string => {
   const { O_RDONLY, O_WRONLY, O_CREAT, O_NOFOLLOW, O_NONBLOCK } = fs.constants
   const request = JSON.parse(input) as { readonly id: number } & (
@@ -76,7 +86,11 @@ export const fileOpChild = (fs: typeof NodeFs, path: typeof NodePath, input: str
           length += read
           if (length === buffer.length) break
         }
-        return JSON.stringify({ id: request.id, ok: true, data: buffer.subarray(0, length).toString("base64") })
+        return JSON.stringify({
+          id: request.id,
+          ok: true,
+          data: buffer.subarray(0, length).toString("base64")
+        })
       } finally {
         fs.closeSync(fd)
       }
@@ -96,7 +110,11 @@ export const fileOpChild = (fs: typeof NodeFs, path: typeof NodePath, input: str
       fs.closeSync(fd)
     }
   } catch (error) {
-    return JSON.stringify({ id: request.id, ok: false, error: error instanceof Error ? error.message : String(error) })
+    return JSON.stringify({
+      id: request.id,
+      ok: false,
+      error: error instanceof Error ? error.message : String(error)
+    })
   }
 }
 
@@ -223,7 +241,7 @@ export class FileOpChild {
   private start(): Either.Either<Child, FileOpError> {
     let spawned: ChildProcess
     try {
-      spawned = spawn(process.execPath, ["-e", CHILD_SCRIPT], {
+      spawned = spawn(nodeCommand(), ["-e", CHILD_SCRIPT], {
         cwd: this.repoDir,
         env: {},
         detached: true,
@@ -231,7 +249,9 @@ export class FileOpChild {
         ...(this.user === undefined ? {} : { uid: this.user.uid, gid: this.user.gid })
       })
     } catch (cause) {
-      return Either.left(new FileOpError({ message: `cannot start the file operation: ${String(cause)}`, cause }))
+      return Either.left(
+        new FileOpError({ message: `cannot start the file operation: ${String(cause)}`, cause })
+      )
     }
     if (spawned.pid === undefined) {
       // the spawn failed; its error event says why
@@ -239,7 +259,14 @@ export class FileOpChild {
       spawned.once("error", () => undefined)
       return Either.left(failure)
     }
-    const child: Child = { process: spawned, pid: spawned.pid, chunks: [], size: 0, stderr: "", pending: undefined }
+    const child: Child = {
+      process: spawned,
+      pid: spawned.pid,
+      chunks: [],
+      size: 0,
+      stderr: "",
+      pending: undefined
+    }
     this.child = child
     liveChildren.add(this)
     const fail = (message: string, cause?: unknown) => {
@@ -287,7 +314,10 @@ export class FileOpChild {
       const reply = decodeReply(line)
       if (Either.isLeft(reply) || reply.right.id !== pending.id) {
         child.pending = pending
-        fail("the file operation's child sent a malformed reply", Either.isLeft(reply) ? reply.left : undefined)
+        fail(
+          "the file operation's child sent a malformed reply",
+          Either.isLeft(reply) ? reply.left : undefined
+        )
         return
       }
       const value = reply.right

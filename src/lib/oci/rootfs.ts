@@ -334,7 +334,7 @@ export const addRuntime = (options: {
         // node through abox's own loader and glibc, whatever libc the image has
         await fs.writeFile(
           path.join(abox, "bin", "node"),
-          `#!/opt/abox/bin/busybox sh\nexec /opt/abox/lib/${loader} --library-path /opt/abox/lib /opt/abox/libexec/node "$@"\n`,
+          `#!/opt/abox/bin/busybox sh\nexport ABOX_NODE=/opt/abox/bin/node\nexec /opt/abox/lib/${loader} --library-path /opt/abox/lib /opt/abox/libexec/node "$@"\n`,
           { mode: 0o755 }
         )
         await fs.chmod(path.join(abox, "bin", "node"), 0o755)
