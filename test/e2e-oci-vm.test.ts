@@ -69,6 +69,8 @@ const TURN = [
   "readlink /link",
   "stat -c '%i' /hard /hardsrc | uniq | wc -l",
   "stat -c '%F' /fifo",
+  // what the file tools' child runs as the repository user: abox's node through its own loader
+  "/opt/abox/bin/node -e 'console.log(process.getuid())'",
   "id -u",
   "pwd",
   "cat README.md"
@@ -84,6 +86,7 @@ const EXPECTED = [
   "owned.txt",
   "1",
   "fifo",
+  "1000",
   "1000",
   "/work/repo",
   "the repository"
