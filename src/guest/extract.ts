@@ -167,6 +167,11 @@ export const WRITE_AHEAD = 1024 * 1024
 /** files being finished (last writes, metadata, close) while the next entries go on */
 const MAX_FINISHING = 4
 const BLOCK = 512
+/**
+ * what may follow an archive's end (its two zero blocks): tar writers pad to their record size
+ * (GNU tar 10 KiB); more is a sender that never finishes, refused instead of read forever
+ */
+const MAX_PAST_END = 1024 * 1024
 
 /**
  * A file's content on its way to disk: chunks are queued and written in one writev per batch,
@@ -571,6 +576,7 @@ export const extractTar = async (
 
   /** the archive's end (two zero blocks) was read, and whether any entry came before it */
   let sawEnd = false
+  let pastEnd = 0
   let sawEntry = false
   const parser = new Parser({
     strict: true,
@@ -646,8 +652,15 @@ export const extractTar = async (
       break
     }
     // past the archive's end: the rest of the source is read (its sender finishes as before)
-    // but not parsed (the Parser takes no more, and would hold the reading forever)
-    if (sawEnd) continue
+    // but not parsed (the Parser takes no more, and would hold the reading forever), up to a bound
+    if (sawEnd) {
+      pastEnd += next.value.length
+      if (pastEnd > MAX_PAST_END) {
+        failure ??= new ExtractError(`more than ${MAX_PAST_END} bytes after the archive's end`)
+        break
+      }
+      continue
+    }
     const bytes = next.value
     // the Parser works in 512-byte blocks and concatenates (copies) whatever is left over with
     // the next chunk: hand it whole blocks only, so that file data is passed on as views
@@ -680,9 +693,7 @@ export const extractTar = async (
   await chain
   while (finishing.size > 0) await Promise.all(finishing)
   if (failure !== undefined) {
-    throw failure instanceof ExtractError
-      ? failure
-      : new ExtractError(errorMessage(failure), failure)
+    throw failure instanceof ExtractError ? failure : new ExtractError(errorMessage(failure), failure)
   }
   return { files, bytes, skipped }
 }
