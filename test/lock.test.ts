@@ -105,7 +105,7 @@ describe("RuntimeLock across real processes", () => {
   }, 60_000)
 
   it.scopedLive(
-    "20 processes race: one wins, every loser fails SessionBusy fast; SIGKILL of the winner frees it at once",
+    "20 processes race: one wins, every loser fails SessionBusy while the winner holds it; SIGKILL of the winner frees it at once",
     () =>
       Effect.gen(function* () {
         const home = yield* makeHome
@@ -124,13 +124,15 @@ describe("RuntimeLock across real processes", () => {
         const losers = racers.filter((_, i) => outcomes[i]![0] !== "ACQUIRED")
         expect(winners).toHaveLength(1)
         expect(losers).toHaveLength(19)
-        for (const [word, ms] of outcomes) {
+        // every loser answered while the winner was alive and holding the lock (it holds it until
+        // it is killed below): a loser that waited for the winner would not have answered by now.
+        // No wall-clock bound: under load the acquire's time says nothing about waiting.
+        const winner = winners[0]!
+        expect(winner.child.exitCode).toBe(null)
+        expect(winner.child.signalCode).toBe(null)
+        for (const [word] of outcomes) {
           if (word === "ACQUIRED") continue
           expect(word).toBe("SessionBusy")
-          // the acquire itself, measured inside the loser: a blocking acquire would not return at
-          // all while the winner holds the lock; the bound is loose for 20 node processes on 2
-          // loaded cores (the first acquire also loads the lock addon)
-          expect(ms).toBeLessThan(5000)
         }
         const codes = yield* Effect.forEach(losers, (loser) => loser.exited)
         expect(codes.every((c) => c.code === BUSY_EXIT)).toBe(true)
@@ -140,16 +142,16 @@ describe("RuntimeLock across real processes", () => {
         // the winner still holds it
         const probe = worker(workers, home, "try")
         expect(parse(yield* probe.line)[0]).toBe("SessionBusy")
+        expect(winner.child.exitCode).toBe(null)
 
-        // SIGKILL the winner: the kernel drops the lock with the process, no stale window
-        const winner = winners[0]!
+        // SIGKILL the winner: the kernel drops the lock with the process, no stale window. The
+        // acquire does not wait (tryLock): the first try after the winner's exit gets it, or it
+        // would say SessionBusy
         winner.child.kill("SIGKILL")
         const died = yield* winner.exited
         expect(died.signal).toBe("SIGKILL")
         const next = worker(workers, home, "try")
-        const [word, ms] = parse(yield* next.line)
-        expect(word).toBe("ACQUIRED")
-        expect(ms).toBeLessThan(500)
+        expect(parse(yield* next.line)[0]).toBe("ACQUIRED")
         expect((yield* next.exited).code).toBe(0)
       }),
     60_000
