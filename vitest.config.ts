@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config"
+import LongestFirst from "./test/support/longestFirst.js"
 
 export default defineConfig({
   test: {
@@ -7,6 +8,8 @@ export default defineConfig({
     hookTimeout: 120_000,
     // VM tests share two cores; file-level parallelism is capped so TCG guests are not starved.
     maxWorkers: 2,
-    minWorkers: 1
+    minWorkers: 1,
+    // the longest files start first (test/support/longestFirst.ts): no long file alone at the end
+    sequence: { sequencer: LongestFirst }
   }
 })
