@@ -122,13 +122,14 @@ describe.skipIf(skip !== undefined)("detached sessions on a real VM", () => {
     // the environment's service answers on the host's loopback with no `abox forward`
     expect(ready.forwards.forwarded).toEqual([{ guestPort: servicePort, hostPort: servicePort }])
     expect(ready.forwards.refused.map((r) => r.guestPort)).toEqual([takenPort])
+    expect(ready.forwards.refused[0]!.message).toContain("EADDRINUSE")
     expect(ready.forwards.refused[0]!.message).toContain(`abox forward vm ${takenPort} <another host port>`)
     expect(await fetchText(servicePort)).toBe("from the environment /hello")
     expect(await fetchText(servicePort)).toBe("from the environment /hello")
     const shown = JSON.parse(runCli(["show", "vm", "--json"]).stdout) as { session: { forwards: Forwards } }
     expect(shown.session.forwards).toEqual(ready.forwards)
     expect(runCli(["show", "vm"]).stdout).toMatch(
-      new RegExp(`forwards:\\s+127\\.0\\.0\\.1:${servicePort} -> guest ${servicePort}, guest ${takenPort} not forwarded`)
+      new RegExp(`forwards:\\s+127\\.0\\.0\\.1:${servicePort} -> guest ${servicePort}, guest ${takenPort} not forwarded \\(host port refused\\)`)
     )
 
     // three processes at once: each gets its own output and status; no boot per command

@@ -59,7 +59,7 @@ export const forwardPorts = Effect.fn("forward.ports")(function* (
     if (listener._tag === "Left") {
       refused.push({
         guestPort: port,
-        message: `host port ${port} is not free (${listener.left.message}): not forwarded; abox forward ${ref} ${port} <another host port> forwards it there`
+        message: `guest port ${port} not forwarded: the host's ${listener.left.message} (taken, or not yours to listen on); abox forward ${ref} ${port} <another host port> forwards it there`
       })
       continue
     }

@@ -98,7 +98,7 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
             ? undefined
             : [
                 ...forwards.forwarded.map((f) => `127.0.0.1:${f.hostPort} -> guest ${f.guestPort}`),
-                ...forwards.refused.map((f) => `guest ${f.guestPort} not forwarded (host port taken)`)
+                ...forwards.refused.map((f) => `guest ${f.guestPort} not forwarded (host port refused)`)
               ].join(", ")
         ]
       ]
