@@ -3,11 +3,12 @@
  * real lock: gc cleans only what a crash leaves (never a session, never a running one's files).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { spawn } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { cliBundle, runCli, startCli, tempHome, withCliAndSource } from "./cliHelpers.js"
 import { alive } from "./support/processes.js"
+import { stagingPath } from "../src/lib/staging.js"
 
 const fake = { ABOX_VMM: "fake" }
 const sourceDir = withCliAndSource()
@@ -46,6 +47,32 @@ describe("abox gc", () => {
     expect(fs.existsSync(path.join(dir, "session.json"))).toBe(true)
     expect(runCli(home, ["show", "orphan-name"], fake).code).toBe(65)
     expect(runCli(home, ["gc"], fake).stdout).toContain("nothing to clean")
+  })
+
+  it("removes the staging directories of interrupted image imports and builds, not one being written", () => {
+    const home = tempHome()
+    const images = path.join(home, "images")
+    fs.mkdirSync(images, { recursive: true })
+    // a process that has ended: its staging directories are an interrupted import's
+    const dead = spawnSync(process.execPath, ["-e", ""]).pid!
+    const stale = [`.import-${dead}-0123456789ab`, `.import-work-${dead}-0123456789ab`, ".import-a1b2c3d4e5f6"]
+    for (const name of stale) fs.mkdirSync(path.join(images, name, "layers"), { recursive: true })
+    // named before the pid was in the name: removed once a day old
+    const old = new Date(Date.now() - 2 * 24 * 3600 * 1000)
+    fs.utimesSync(path.join(images, ".import-a1b2c3d4e5f6"), old, old)
+    // being written now: this process's, and a fresh one of the older naming
+    const live = stagingPath(images, "env-0123456789abcdef")
+    fs.mkdirSync(live)
+    fs.mkdirSync(path.join(images, ".build-ffffffffffff"))
+    fs.mkdirSync(path.join(images, "abox"))
+
+    const dry = runCli(home, ["gc", "--dry-run", "--json"], fake)
+    const planned = (JSON.parse(dry.stdout) as { actions: Array<{ kind: string; target: string }> }).actions
+    expect(planned.filter((a) => a.kind === "image-staging").map((a) => path.basename(a.target)).sort()).toEqual(
+      [...stale].sort()
+    )
+    expect(runCli(home, ["gc"], fake).code).toBe(0)
+    expect(fs.readdirSync(images).sort()).toEqual([".build-ffffffffffff", path.basename(live), "abox"].sort())
   })
 
   it("leaves a running session's socket alone", async () => {

@@ -1,6 +1,8 @@
 /**
  * Detached sessions on a real VM (QEMU, the Debian cloud kernel, the real guest agent), with the
- * built CLI in real processes: start, exec from three processes at once, a client killed
+ * built CLI in real processes: start on a repository whose environment forwards two ports (one
+ * taken on the host: told, the start goes on; the other's service, started by the install step,
+ * answers on the host with no `abox forward`, and show lists both), exec from three processes at once, a client killed
  * mid-turn (the turn goes on, an attach sees it end), a port forward fetched from the host,
  * then the supervisor SIGKILLed (the VM gone within 3 s, the lock free, start resumes it) and
  * stop. Two boots in all. Skipped with the reason where QEMU or the image tools are missing.
@@ -28,6 +30,8 @@ if (skip !== undefined) console.warn(`e2e detached tests skipped: ${skip}`)
 const cli = path.join(repoRoot, "dist", "abox.js")
 let home = ""
 let source = ""
+let servicePort = 0
+let takenPort = 0
 
 beforeAll(async () => {
   if (skip !== undefined) return
@@ -36,6 +40,21 @@ beforeAll(async () => {
   fs.symlinkSync(path.join(testHome, "images"), path.join(home, "images"))
   source = fs.mkdtempSync(path.join(os.tmpdir(), "abox-e2e-src-"))
   fs.writeFileSync(path.join(source, "README.md"), "detached e2e\n")
+  // the repository's environment (no setup: the base image itself): its install step starts a
+  // service on `servicePort`, which the supervisor forwards with `takenPort` (held on the host)
+  servicePort = await freePort()
+  takenPort = await freePort()
+  fs.mkdirSync(path.join(source, ".abox"))
+  fs.writeFileSync(
+    path.join(source, ".abox", "environment.json"),
+    JSON.stringify({
+      base: "abox",
+      forward: [servicePort, takenPort],
+      install:
+        `setsid node -e "require('http').createServer((q, r) => r.end('from the environment ' + q.url)).listen(${servicePort}, '127.0.0.1', () => require('fs').writeFileSync('/tmp/svc-up', ''))" </dev/null >/dev/null 2>&1 & ` +
+        "for i in $(seq 1 120); do [ -e /tmp/svc-up ] && break; sleep 1; done"
+    })
+  )
 }, 600_000)
 afterAll(() => {
   if (home === "") return
@@ -57,6 +76,11 @@ const runCli = (args: ReadonlyArray<string>) => {
   return { code: r.status, stdout: r.stdout, stderr: r.stderr }
 }
 const startCli = (args: ReadonlyArray<string>) => startBundle(cli, args, env())
+
+interface Forwards {
+  readonly forwarded: ReadonlyArray<{ guestPort: number; hostPort: number }>
+  readonly refused: ReadonlyArray<{ guestPort: number; message: string }>
+}
 
 const within = async (ms: number, check: () => boolean) => {
   const deadline = Date.now() + ms
@@ -85,11 +109,28 @@ const fetchText = (port: number) =>
 
 describe.skipIf(skip !== undefined)("detached sessions on a real VM", () => {
   it("start, three execs at once, a client killed mid-turn, forward, SIGKILL of the supervisor, resume, stop", async () => {
-    const started = runCli(["start", source, "--name", "vm", "--json"])
+    // a host port the environment forwards is taken: told, and the start goes on
+    const blocker = net.createServer()
+    await new Promise<void>((resolve) => blocker.listen(takenPort, "127.0.0.1", resolve))
+    const started = await startCli(["start", source, "--name", "vm", "--json"]).exited
+    await new Promise((resolve) => blocker.close(resolve))
     expect(started.code, started.stderr).toBe(0)
-    const ready = JSON.parse(started.stdout) as { session: string; pid: number; socket: string }
+    const ready = JSON.parse(started.stdout) as { session: string; pid: number; socket: string; forwards: Forwards }
     const dir = path.join(home, "sessions", ready.session)
     expect(processesMentioning(dir).length).toBeGreaterThan(0) // the VMM helper and QEMU
+
+    // the environment's service answers on the host's loopback with no `abox forward`
+    expect(ready.forwards.forwarded).toEqual([{ guestPort: servicePort, hostPort: servicePort }])
+    expect(ready.forwards.refused.map((r) => r.guestPort)).toEqual([takenPort])
+    expect(ready.forwards.refused[0]!.message).toContain("EADDRINUSE")
+    expect(ready.forwards.refused[0]!.message).toContain(`abox forward vm ${takenPort} <another host port>`)
+    expect(await fetchText(servicePort)).toBe("from the environment /hello")
+    expect(await fetchText(servicePort)).toBe("from the environment /hello")
+    const shown = JSON.parse(runCli(["show", "vm", "--json"]).stdout) as { session: { forwards: Forwards } }
+    expect(shown.session.forwards).toEqual(ready.forwards)
+    expect(runCli(["show", "vm"]).stdout).toMatch(
+      new RegExp(`forwards:\\s+127\\.0\\.0\\.1:${servicePort} -> guest ${servicePort}, guest ${takenPort} not forwarded \\(host port refused\\)`)
+    )
 
     // three processes at once: each gets its own output and status; no boot per command
     const three = await Promise.all(
@@ -151,13 +192,20 @@ describe.skipIf(skip !== undefined)("detached sessions on a real VM", () => {
     expect(runCli(["exec", "vm", "--", "true"]).code).toBe(78) // a stale socket: not running
     const again = runCli(["start", "vm", "--json"])
     expect(again.code, again.stderr).toBe(0)
-    const resumed = JSON.parse(again.stdout) as { pid: number }
+    const resumed = JSON.parse(again.stdout) as { pid: number; forwards: Forwards }
+    // a resumed session forwards the environment's ports again (the taken one is free now)
+    expect(resumed.forwards.forwarded.map((f) => f.guestPort)).toEqual([servicePort, takenPort])
     const files = runCli(["exec", "vm", "--", "sort runs.txt; cat after.txt"])
     expect([files.code, files.stdout]).toEqual([0, "run-1\nrun-2\nrun-3\nfinished-anyway\n"])
     const stopped = runCli(["stop", "vm", "--json"])
     expect(stopped.code, stopped.stderr).toBe(0)
     expect(JSON.parse(stopped.stdout)).toEqual({ how: "stopped", pid: resumed.pid })
     expect(processesMentioning(dir)).toEqual([])
+    // the forwards went with the session: the host port is free, the listing gone
+    expect(fs.existsSync(path.join(dir, "forwards.json"))).toBe(false)
+    const reuse = net.createServer()
+    await new Promise<void>((resolve, reject) => reuse.once("error", reject).listen(servicePort, "127.0.0.1", resolve))
+    await new Promise((resolve) => reuse.close(resolve))
     const meta = JSON.parse(fs.readFileSync(path.join(dir, "session.json"), "utf8")) as {
       lastClose: { how: string }
     }

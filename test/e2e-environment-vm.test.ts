@@ -3,7 +3,9 @@
  * as base; docs/environments.md): a repository's setup script runs as root once and installs a
  * root-owned tool and a system user, with the repository read-only; its install step runs as the
  * repository user after each Open; its env reaches turns; the image it leaves is an overlay over
- * the base's root.raw; a second Open reuses it (no setup), an edited setup.sh rebuilds; the base
+ * the base's root.raw; a second Open (through the SDK's Promise facade, which reads the
+ * environment as the CLI does) reuses it (no setup), an edited setup.sh rebuilds (the SDK's setup
+ * hook sees its output, its onNotice the host left out); the base
  * cannot be removed under it; a failing setup is a typed error with its output's tail and leaves
  * nothing; a requested host is not granted without consent; a devcontainer.json with comments
  * is read.
@@ -44,6 +46,12 @@ const layerFor = (home: string) =>
     Layer.provideMerge(NodeCommandExecutor.layer),
     Layer.provideMerge(NodeFileSystem.layer)
   )
+
+/** the SDK's Promise facade on `home` (it reads ABOX_HOME once, when its runtime is made) */
+const sdkIn = async (home: string) => {
+  process.env.ABOX_HOME = home
+  return await import("../src/sdk/index.js")
+}
 
 const skip = vmSkipReason()
 if (skip !== undefined) console.warn(`e2e-environment-vm: skipped: ${skip}`)
@@ -169,20 +177,20 @@ describe.skipIf(skip !== undefined)("project environments in a real VM", () => {
         ) as { "backing-filename"?: string }
         expect(sessionRoot["backing-filename"]).toBe(path.join(envImage.dir, "root.qcow2"))
 
-        // 2. a second Open reuses it: no setup runs; --allow-env-hosts grants the requested host
-        const setup2 = collector()
-        const second = yield* Effect.scoped(
-          Effect.gen(function* () {
-            const session = yield* openWithEnvironment({
-              source: repo,
-              memoryMiB: 512,
-              allowEnvHosts: true,
-              onSetupOutput: setup2.onOutput
-            })
-            return { meta: session.meta, facts: yield* runTurn(session.connection, "mytool; echo $GREETING") }
+        // 2. a second Open, through the SDK's Promise facade, reuses it: no setup runs;
+        // allowEnvHosts (the SDK's --allow-env-hosts) grants the requested host
+        const sdk = yield* Effect.promise(() => sdkIn(home))
+        let setup2 = ""
+        const second = yield* Effect.promise(async () => {
+          await using session = await sdk.open({
+            source: repo,
+            memoryMiB: 512,
+            allowEnvHosts: true,
+            onSetupOutput: (event) => void (setup2 += event._tag === "Event" ? event.event.kind : "")
           })
-        )
-        expect(setup2.text()).toBe("")
+          return { meta: session.meta, facts: (await session.run("mytool; echo $GREETING")).stdout }
+        })
+        expect(setup2).toBe("")
         expect(second.facts).toBe("tool-ok\nhello-env\n")
         expect(second.meta.image?.digest).toBe(envImage.meta.digest)
         expect(second.meta.policy?.allow.some((rule) => rule.host === "example.org")).toBe(true)
@@ -195,11 +203,26 @@ describe.skipIf(skip !== undefined)("project environments in a real VM", () => {
         expect(refused.message).toContain("environment image")
         expect(fs.existsSync(info["backing-filename"]!)).toBe(true)
 
-        // 4. editing setup.sh rebuilds
+        // 4. editing setup.sh rebuilds, here on the SDK's first use of the new environment: the
+        // setup's output through its hook; with no terminal and no grant the host is left out, and told
         fs.appendFileSync(path.join(repo, ".abox", "setup.sh"), "echo second-version\n")
         const setup3 = collector()
-        yield* Effect.scoped(openWithEnvironment({ source: repo, memoryMiB: 512, onSetupOutput: setup3.onOutput }))
+        const sdkNotices: Array<string> = []
+        const rebuilt = yield* Effect.promise(async () => {
+          await using session = await sdk.open({
+            source: repo,
+            memoryMiB: 512,
+            onSetupOutput: setup3.onOutput,
+            onNotice: (line) => void sdkNotices.push(line)
+          })
+          return session.meta
+        })
+        yield* Effect.promise(() => sdk.dispose())
         expect(setup3.text()).toContain("second-version")
+        expect(sdkNotices.some((line) => line.startsWith("building the environment"))).toBe(true)
+        expect(sdkNotices.some((line) => line.includes("example.org: not granted"))).toBe(true)
+        expect(rebuilt.policy?.allow.some((rule) => rule.host === "example.org")).toBe(false)
+        expect(rebuilt.image?.digest).not.toBe(envImage.meta.digest)
         expect((yield* envList()).filter((image) => image.meta.environment?.source === repo).length).toBe(2)
 
         // 5. a failing setup: typed, with its output's tail and status; no image, no session left

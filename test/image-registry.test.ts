@@ -10,6 +10,7 @@ import * as path from "node:path"
 import { checkFreeSpace, cloneDisk, writeConfigDisk } from "../src/lib/disk.js"
 import { imageDigest, listImages, registerImage, removeImage, resolveImage } from "../src/lib/images.js"
 import { ImagesLive } from "../src/layers/ImagesLive.js"
+import { sharedBytesSync } from "../src/lib/rootDisk.js"
 import { decodeConfigDisk } from "../src/protocol/ConfigDisk.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { Images } from "../src/services/Images.js"
@@ -224,6 +225,40 @@ describe("disks", () => {
       expect(decoded._tag === "Right" && decoded.right.sessionId).toBe("s1")
       expect(fs.readdirSync(dir)).toEqual(["config.raw"])
       fs.rmSync(dir, { recursive: true, force: true })
+    })
+  )
+
+  it.effect("a session of an environment image shares its overlay and its base's root (list's SHARED)", () =>
+    Effect.gen(function* () {
+      const images = fs.mkdtempSync(path.join(os.tmpdir(), "abox-img-shared-"))
+      const baseStage = stage(images, "base")
+      fs.writeFileSync(path.join(baseStage, "root.raw"), Buffer.alloc(256 * 1024, 1))
+      const base = yield* registerImage(images, baseStage, identity("abox"), { makeDefault: true })
+      const envStage = fs.mkdtempSync(path.join(images, ".env-"))
+      fs.writeFileSync(path.join(envStage, "vmlinuz"), "kernel base")
+      fs.writeFileSync(path.join(envStage, "initrd.gz"), "initrd base")
+      fs.writeFileSync(path.join(envStage, "root.qcow2"), Buffer.alloc(64 * 1024, 2))
+      const env = yield* registerImage(images, envStage, identity("env-0123456789abcdef"), {
+        makeDefault: false,
+        rootFile: "root.qcow2",
+        environment: {
+          key: "0".repeat(64),
+          base: { name: base.meta.name, digest: base.meta.digest },
+          source: "/repo",
+          file: ".abox/environment.json",
+          granted: [],
+          setupSeconds: 1,
+          overlayBytes: 64 * 1024
+        }
+      })
+      const blocks = (file: string) => fs.statSync(file).blocks * 512
+      const overlay = { format: "qcow2" as const, kind: "overlay" as const, backing: "x" }
+      expect(sharedBytesSync(images, base.meta, overlay)).toBe(blocks(path.join(base.dir, "root.raw")))
+      expect(sharedBytesSync(images, env.meta, overlay)).toBe(
+        blocks(path.join(base.dir, "root.raw")) + blocks(path.join(env.dir, "root.qcow2"))
+      )
+      expect(sharedBytesSync(images, env.meta, { ...overlay, kind: "copy" })).toBe(0)
+      fs.rmSync(images, { recursive: true, force: true })
     })
   )
 })

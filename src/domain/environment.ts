@@ -129,3 +129,14 @@ export const EnvironmentRecord = Schema.Struct({
   overlayBytes: Schema.Number
 })
 export type EnvironmentRecord = typeof EnvironmentRecord.Type
+
+/**
+ * `forwards.json` in a detached session's directory: the environment's ports its supervisor
+ * forwards to the host's loopback (`forwarded`), and those it could not (`refused`: the host
+ * port was taken, with the reason). Written by the supervisor at start, removed when it stops.
+ */
+export const ForwardsFile = Schema.Struct({
+  forwarded: Schema.Array(Schema.Struct({ guestPort: Port, hostPort: Port })),
+  refused: Schema.Array(Schema.Struct({ guestPort: Port, message: Schema.String.pipe(Schema.maxLength(4096)) }))
+})
+export type ForwardsFile = typeof ForwardsFile.Type

@@ -69,6 +69,8 @@ export const SESSION_FILES = {
   rpcSocket: "rpc.sock",
   /** a detached session's control socket */
   controlSocket: "control.sock",
+  /** a detached session's forwarded environment ports (ForwardsFile), while its supervisor runs */
+  forwards: "forwards.json",
   /** QEMU's control socket */
   qmpSocket: "qmp.sock",
   /** vfkit's REST socket (macOS) */

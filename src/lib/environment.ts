@@ -137,7 +137,8 @@ const invalid = (file: string, error: ParseResult.ParseError) => {
   })
 }
 
-const decodeJson = <A, I>(schema: Schema.Schema<A, I>, file: string, text: string, options?: ParseOptions) =>
+/** the file's text as a JSON object (parsed once), else `EnvironmentInvalid` */
+const parseObject = (file: string, text: string) =>
   Effect.gen(function* () {
     const value = yield* Schema.decodeUnknown(Schema.parseJson())(text).pipe(
       Effect.mapError(
@@ -150,8 +151,16 @@ const decodeJson = <A, I>(schema: Schema.Schema<A, I>, file: string, text: strin
     )
     if (typeof value !== "object" || value === null || Array.isArray(value))
       return yield* new EnvironmentInvalid({ path: file, message: `${file}: not a JSON object` })
-    return yield* Schema.decodeUnknown(schema)(value, options).pipe(Effect.mapError((error) => invalid(file, error)))
+    return value as Readonly<Record<string, unknown>>
   })
+
+/** the schema over a parsed object, a failure naming its first field */
+const decodeFields = <A, I>(
+  schema: Schema.Schema<A, I>,
+  file: string,
+  value: Readonly<Record<string, unknown>>,
+  options: ParseOptions
+) => Schema.decodeUnknown(schema)(value, options).pipe(Effect.mapError((error) => invalid(file, error)))
 
 type ParseOptions = { readonly onExcessProperty: "error" | "ignore" }
 
@@ -181,7 +190,9 @@ export const readEnvironment = Effect.fn("environment.read")(function* (source: 
   const own = yield* readBounded(source, ENVIRONMENT_FILE)
   if (own !== undefined) {
     const file = path.join(source, ENVIRONMENT_FILE)
-    const config = yield* decodeJson(EnvironmentFile, file, own, { onExcessProperty: "error" })
+    const config = yield* decodeFields(EnvironmentFile, file, yield* parseObject(file, own), {
+      onExcessProperty: "error"
+    })
     const setupFile = yield* insideRepo(file, "setup", config.setup ?? DEFAULT_SETUP)
     const script = yield* readBounded(source, setupFile)
     if (script === undefined && config.setup !== undefined) {
@@ -213,11 +224,9 @@ export const readEnvironment = Effect.fn("environment.read")(function* (source: 
   const dev = yield* readBounded(source, DEVCONTAINER_FILE)
   if (dev === undefined) return undefined
   const file = path.join(source, DEVCONTAINER_FILE)
-  const stripped = stripJsonc(dev)
-  const config = yield* decodeJson(DevcontainerFile, file, stripped, { onExcessProperty: "ignore" })
-  const raw = (yield* Schema.decodeUnknown(Schema.parseJson(Schema.Record({ key: Schema.String, value: Schema.Unknown })))(
-    stripped
-  ).pipe(Effect.orElseSucceed(() => ({})))) as Record<string, unknown>
+  // parsed once: the schema reads its fields, the rest are listed as ignored
+  const raw = yield* parseObject(file, stripJsonc(dev))
+  const config = yield* decodeFields(DevcontainerFile, file, raw, { onExcessProperty: "ignore" })
   const ignored = Object.keys(raw).filter((key) => !(DEVCONTAINER_FIELDS as ReadonlyArray<string>).includes(key))
   const forward = (config.forwardPorts ?? []).flatMap((port) => (typeof port === "number" ? [port] : []))
   for (const port of config.forwardPorts ?? []) if (typeof port === "string") ignored.push(`forwardPorts "${port}"`)

@@ -18,10 +18,12 @@ import * as crypto from "node:crypto"
 // Raw node:fs: copies, fsync and renames of the standalone files; stat for sizes.
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { DiskError, type GoldenImage } from "../domain/image.js"
+import { DiskError, type GoldenImage, ImageJson } from "../domain/image.js"
 import type { RootDiskInfo } from "../domain/session.js"
-import { IMAGE_FILES, sessionFile } from "../domain/sessionLayout.js"
-import { statSync } from "node:fs"
+import { IMAGE_FILES, IMAGE_META_FILE, sessionFile } from "../domain/sessionLayout.js"
+import { readFileSync, statSync } from "node:fs"
+import * as Option from "effect/Option"
+import * as Schema from "effect/Schema"
 import type { DiskFormat } from "../domain/vm.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { checkFreeSpace, cloneDisk, reflinkDisk } from "./disk.js"
@@ -146,13 +148,41 @@ export const sharedBytesSync = (
   imagesDir: string,
   image: { readonly name: string; readonly digest: string } | undefined,
   recorded: RootDiskInfo | undefined
+): number => (image === undefined || recorded?.kind !== "overlay" ? 0 : imageRootBytes(imagesDir, image, 0))
+
+const decodeImageJson = Schema.decodeUnknownOption(Schema.parseJson(ImageJson))
+
+/**
+ * What an image's root occupies: its root.raw, or for an environment image its overlay (the file
+ * its image.json names) and its base's root under it, as a session of it shares both. 0 when a
+ * file is gone or the record does not read (a chain is a few images deep; more is not ours).
+ */
+const imageRootBytes = (
+  imagesDir: string,
+  image: { readonly name: string; readonly digest: string },
+  depth: number
 ): number => {
-  if (image === undefined || recorded?.kind !== "overlay") return 0
+  const dir = path.join(imagesDir, image.name, image.digest)
+  const blocks = (file: string) => {
+    try {
+      return statSync(path.join(dir, file)).blocks * 512
+    } catch {
+      return undefined
+    }
+  }
+  const raw = blocks(IMAGE_FILES.root)
+  if (raw !== undefined) return raw
+  if (depth >= 4) return 0
+  let text: string
   try {
-    return statSync(path.join(imagesDir, image.name, image.digest, IMAGE_FILES.root)).blocks * 512
+    text = readFileSync(path.join(dir, IMAGE_META_FILE), "utf8")
   } catch {
     return 0
   }
+  const meta = decodeImageJson(text)
+  if (Option.isNone(meta) || meta.value.environment === undefined) return 0
+  const overlay = blocks(path.basename(meta.value.files.root.file)) ?? 0
+  return overlay + imageRootBytes(imagesDir, meta.value.environment.base, depth + 1)
 }
 
 /** how `abox list`/`show` name a session's root disk */

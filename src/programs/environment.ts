@@ -9,10 +9,10 @@
  * the setup VM's broker carries the user's policy and those grants alone (no model provider rule,
  * so no credential the user did not give that host).
  */
+import { stagingPath } from "../lib/staging.js"
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Ref from "effect/Ref"
-import * as crypto from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { type BrokerPolicy, decide, withRules } from "../broker/policy.js"
@@ -183,7 +183,7 @@ export const buildEnvironmentImage = Effect.fn("environment.build")(function* (
     )
     // the VM is down: its root disk is whole
     const rootFile = made.rootDisk?.format === "qcow2" ? SESSION_FILES.rootQcow2 : SESSION_FILES.rootDisk
-    const staging = path.join(paths.images, `.env-${key.slice(0, 16)}-${crypto.randomBytes(4).toString("hex")}`)
+    const staging = stagingPath(paths.images, `env-${key.slice(0, 16)}`)
     yield* diskIo(staging, "mkdir", () => fs.mkdir(staging, { recursive: true, mode: 0o700 }))
     return yield* Effect.gen(function* () {
       yield* linkOrCopy(path.join(base.dir, base.meta.files.kernel.file), path.join(staging, IMAGE_FILES.kernel))

@@ -7,9 +7,10 @@ import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError } from "../services/SessionStore.js"
 import { errorMessage } from "../domain/errorMessage.js"
+import { processAlive, stagingOwner } from "../lib/staging.js"
 
 export interface GcAction {
-  readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm"
+  readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm" | "image-staging"
   readonly target: string
   readonly detail: string
   readonly done: boolean
@@ -62,6 +63,15 @@ const findVmmProcesses = (sessionsDir: string) =>
     return found
   })
 
+const youngerThanADay = (dir: string, now: number) =>
+  Effect.promise(() =>
+    fs.stat(dir).then(
+      (stat) => now - stat.mtimeMs < 24 * 3600 * 1000,
+      // gone already, or unreadable: leave it
+      () => true
+    )
+  )
+
 const exists = (file: string) =>
   Effect.promise(() =>
     fs.access(file).then(
@@ -73,7 +83,8 @@ const exists = (file: string) =>
 /**
  * `abox gc`: what a crash can leave behind, and nothing a user made. Sockets of sessions whose
  * lock is free (no VM runs them), temp files of interrupted atomic writes, names bound to
- * sessions that are gone, and VMM processes (and their helpers) whose session directory is gone.
+ * sessions that are gone, VMM processes (and their helpers) whose session directory is gone, and
+ * the staging directories under images/ of builds and imports whose process is gone.
  * Sessions themselves are never removed, and neither is an image: a golden is the backing file
  * of its sessions' overlays (`abox image rm` is the one way an image goes, docs/on-disk.md).
  */
@@ -127,6 +138,29 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
         removeFile(path.join(row.dir, temp))
       )
     }
+  }
+
+  // staging directories of image builds, imports and environment images that were interrupted:
+  // their process is gone (or, named before the pid was in the name, a day old); one whose
+  // process still runs is being written and is kept
+  const now = Date.now()
+  for (const entry of yield* Effect.promise(() => fs.readdir(paths.images).catch(() => [] as Array<string>))) {
+    const owner = stagingOwner(entry)
+    if (owner === undefined) continue
+    const dir = path.join(paths.images, entry)
+    if (owner.pid !== undefined ? processAlive(owner.pid) : yield* youngerThanADay(dir, now)) continue
+    yield* act(
+      "image-staging",
+      dir,
+      owner.pid !== undefined
+        ? `left by an interrupted image build or import (process ${owner.pid} is gone)`
+        : "left by an interrupted image build or import (over a day old)",
+      Effect.tryPromise({
+        try: () => fs.rm(dir, { recursive: true, force: true }),
+        catch: (cause) =>
+          new StoreIoError({ path: dir, operation: "remove", message: `cannot remove ${dir}: ${errorMessage(cause)}` })
+      })
+    )
   }
 
   for (const binding of yield* store.listNames()) {

@@ -1,11 +1,11 @@
 import * as Command from "@effect/platform/Command"
+import { stagingPath } from "../lib/staging.js"
 import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
-import * as crypto from "node:crypto"
 import { existsSync } from "node:fs"
 // Raw node:fs: mkdir/rm of the staging directory and one small read (decoded by Schema below).
 import * as fs from "node:fs/promises"
@@ -189,7 +189,7 @@ export const buildImage = Effect.fn("image.build")(function* (options: BuildOpti
   const cache = options.cacheDir ?? paths.homeFile("cache")
   const onPhase = options.onPhase ?? (() => Effect.void)
 
-  const staging = path.join(paths.images, `.build-${crypto.randomBytes(6).toString("hex")}`)
+  const staging = stagingPath(paths.images, "build")
   yield* Effect.tryPromise({
     try: () => fs.mkdir(staging, { recursive: true, mode: 0o700 }),
     catch: (cause) => fail("staging", `mkdir ${staging}: ${errorMessage(cause)}`)

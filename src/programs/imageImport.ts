@@ -6,8 +6,8 @@
  * only then is the staging directory registered, in one rename. Any refusal or failure removes
  * the staging directory: nothing is half registered.
  */
+import { stagingPath } from "../lib/staging.js"
 import * as Effect from "effect/Effect"
-import * as crypto from "node:crypto"
 import { createReadStream } from "node:fs"
 // Raw node:fs: the staging directory (made, removed) and the kernel files copied into it.
 import * as fs from "node:fs/promises"
@@ -110,8 +110,8 @@ export const importImage = Effect.fn("image.import")(function* (options: ImportO
   if (source.stat === undefined)
     return yield* refuse("missing", `${escapeControl(options.source)}: no such file or directory`)
 
-  const staging = path.join(paths.images, `.import-${crypto.randomBytes(6).toString("hex")}`)
-  const work = path.join(paths.images, `.import-work-${crypto.randomBytes(6).toString("hex")}`)
+  const staging = stagingPath(paths.images, "import")
+  const work = stagingPath(paths.images, "import-work")
   const io = <A>(step: string, run: () => Promise<A>) =>
     Effect.tryPromise({
       try: run,

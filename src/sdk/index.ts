@@ -23,6 +23,7 @@ import * as path from "node:path"
 import { AboxLive } from "../layers/Main.js"
 import * as Repo from "../programs/repo.js"
 import * as Detached from "../programs/detached.js"
+import * as Environment from "../programs/environment.js"
 import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
 import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
@@ -93,6 +94,11 @@ export {
 export { TransferFailed } from "../domain/transfer.js"
 export { VmmError, VmmUnavailable } from "../domain/vm.js"
 export { ImageNotFound, DiskError } from "../domain/image.js"
+export {
+  EnvironmentInvalid,
+  EnvironmentSetupFailed,
+  EnvironmentInstallFailed
+} from "../domain/environment.js"
 export { SessionIncompatible } from "../programs/compat.js"
 export { InvalidOption } from "../programs/session.js"
 export { SourceInvalid } from "../lib/snapshot.js"
@@ -110,7 +116,8 @@ export type { TransferProgress } from "../programs/session.js"
 
 /** The Effect API: the programs, and the layer that provides what they need. */
 export const Abox = {
-  open: Programs.open,
+  /** Open, with the repository's environment unless `image` names one (docs/environments.md) */
+  open: Environment.openWithEnvironment,
   resume: Programs.resume,
   /** the repository operations on a session's connection (`session.connection`) */
   diff: Repo.diff,
@@ -321,9 +328,52 @@ export const apply = (
     })
   )
 
-/** Open: a new session on `options.source` (snapshot → clone golden → boot → transfer). */
-export const open = (options: Programs.OpenOptions): Promise<SessionHandle> =>
-  handleFor(Programs.open(options))
+/**
+ * What `open` and `SessionManager.start` take beyond the programs' options: the repository's
+ * environment (docs/environments.md) is used unless `image` names one (as `--image`). An SDK has
+ * no terminal to ask, so the hosts the environment requests are granted only by the policy
+ * (`policy`, else `$ABOX_HOME/broker.json`) or `allowEnvHosts` (as `--allow-env-hosts`); the
+ * others are left out and told to `onNotice`, with the devcontainer fields ignored and an
+ * environment image being built. Callbacks may be plain functions or return an Effect.
+ */
+export interface EnvironmentHooks {
+  /** grant every host the repository's environment asks for (its `allow`) */
+  readonly allowEnvHosts?: boolean | undefined
+  /** a line for the user: hosts not granted, fields ignored, an environment being built */
+  readonly onNotice?: ((line: string) => Effect.Effect<void> | void) | undefined
+  /** the environment's setup output as it comes (the first Open of an environment builds it) */
+  readonly onSetupOutput?: ((event: TurnEvent) => Effect.Effect<void> | void) | undefined
+  /** the environment's install output as it comes (each Open) */
+  readonly onInstallOutput?: ((event: TurnEvent) => Effect.Effect<void> | void) | undefined
+}
+
+export interface SdkOpenOptions extends Omit<Programs.OpenOptions, "onInstallOutput">, EnvironmentHooks {}
+
+/** a callback that may be plain or return an Effect, as an Effect */
+const hook =
+  <A>(callback: ((value: A) => Effect.Effect<void> | void) | undefined) =>
+  (value: A): Effect.Effect<void> =>
+    Effect.suspend(() => {
+      const told = callback?.(value)
+      return Effect.isEffect(told) ? told : Effect.void
+    })
+
+const withEnvironment = (options: SdkOpenOptions) =>
+  Environment.openWithEnvironment({
+    ...options,
+    allowEnvHosts: options.allowEnvHosts,
+    // no terminal: consent comes from the options and the policy alone
+    consentHosts: undefined,
+    onNotice: hook(options.onNotice),
+    onSetupOutput: hook(options.onSetupOutput),
+    onInstallOutput: hook(options.onInstallOutput)
+  })
+
+/**
+ * Open: a new session on `options.source` (snapshot → clone golden → boot → transfer), on the
+ * repository's environment image when it brings one (built on first use), unless `image` is given.
+ */
+export const open = (options: SdkOpenOptions): Promise<SessionHandle> => handleFor(withEnvironment(options))
 
 /** Resume a session by id or bound name; never copies the source again. */
 export const resume = (ref: string, options: Programs.BootOptions = {}): Promise<SessionHandle> =>
@@ -431,13 +481,15 @@ export const stopDetached = async (ref: string): Promise<boolean> => {
 
 // ---- seed 001: sessions by name ----
 
-export interface StartOptions extends Omit<Programs.OpenOptions, "name"> {
+export interface StartOptions extends Omit<SdkOpenOptions, "name"> {
   /** close the session after this many seconds without a turn (default: never) */
   readonly timeout?: number | undefined
   /**
    * run the session under a supervisor process of its own (as `abox start`): it outlives this
    * process, and any process connects to it by name. Takes source, image, model, cpus,
-   * memoryMiB, agent and timeout; the broker policy is the default one ($ABOX_HOME/broker.json).
+   * memoryMiB, agent, allowEnvHosts and timeout; the broker policy is the default one
+   * ($ABOX_HOME/broker.json). The supervisor forwards the environment's `forward` ports to the
+   * host's loopback while it runs (docs/environments.md; notices go to its log).
    */
   readonly detached?: boolean | undefined
 }
@@ -482,7 +534,12 @@ export class SessionManager {
   async #startDetached(name: string, options: StartOptions): Promise<SessionHandle> {
     await run(
       Detached.startDetached({
-        open: { source: path.resolve(options.source), name, image: options.image },
+        open: {
+          source: path.resolve(options.source),
+          name,
+          image: options.image,
+          ...(options.allowEnvHosts === true ? { allowEnvHosts: true } : {})
+        },
         model: options.model,
         cpus: options.cpus,
         memoryMiB: options.memoryMiB,

@@ -27,7 +27,8 @@ import {
 import { resume, type Session } from "../../programs/session.js"
 import { openWithEnvironment } from "../../programs/environment.js"
 import { allowEnvHosts } from "../environmentOptions.js"
-import { readEnvironment } from "../../lib/environment.js"
+import { forwardEnvironmentPorts, readForwards } from "../../programs/forwardPorts.js"
+import { AboxPaths } from "../../services/AboxPaths.js"
 import { agentTurnEvent } from "../../services/GuestRpc.js"
 import { supervise } from "../../programs/supervisor.js"
 import { parseLine } from "../interactive.js"
@@ -118,7 +119,17 @@ export const superviseCommand = Command.make(
                 onNotice: (line) => Console.error(`abox: ${escapeControl(line)}`)
               })
             : resume(spec.resume ?? "", boot)
-        const reason = yield* supervise(acquire, {
+        // the environment's ports, forwarded by this process for as long as it holds the session
+        // (not when --image overrode the environment)
+        const forwarding: Acquire =
+          source?.image !== undefined
+            ? acquire
+            : Effect.tap(acquire, (session) =>
+                forwardEnvironmentPorts(session, source?.name ?? spec.resume ?? session.id, (line) =>
+                  Console.error(`abox: ${escapeControl(line)}`)
+                )
+              )
+        const reason = yield* supervise(forwarding, {
           lines: spec.agent !== undefined && spec.agent.length > 0 ? "shell" : "prompt",
           idleTimeout: spec.idleTimeoutMs === undefined ? undefined : Duration.millis(spec.idleTimeoutMs),
           onReady: (ready) =>
@@ -215,19 +226,26 @@ const specFor = (target: string, args: StartArgs): SuperviseSpec => {
 export const startSession = (target: string, args: StartArgs) =>
   Effect.gen(function* () {
     const ready = yield* startDetached(specFor(target, args))
-    if (args.json) yield* printJson({ session: ready.sessionId, pid: ready.pid, socket: ready.socket })
+    const paths = yield* AboxPaths
+    const forwards = yield* readForwards(paths.sessionDir(ready.sessionId))
+    if (args.json)
+      yield* printJson({
+        session: ready.sessionId,
+        pid: ready.pid,
+        socket: ready.socket,
+        ...(Option.isSome(forwards) ? { forwards: forwards.value } : {})
+      })
     else {
       yield* Console.log(ready.sessionId)
       const ref = Option.getOrElse(args.name, () => ready.sessionId)
       yield* Console.error(
         `abox: session ${ready.sessionId} running (supervisor pid ${ready.pid}); abox exec ${ref} -- <cmd> · abox attach ${ref} · abox stop ${ref}`
       )
-      // the ports the repository's environment forwards (docs/environments.md)
-      const opened = specFor(target, args).open
-      if (opened !== undefined && opened.image === undefined) {
-        const environment = yield* readEnvironment(opened.source).pipe(Effect.orElseSucceed(() => undefined))
-        for (const port of environment?.forward ?? [])
-          yield* Console.error(`abox: the environment serves port ${port}: abox forward ${ref} ${port}`)
+      // the ports the repository's environment forwards, as the supervisor opened them
+      if (Option.isSome(forwards)) {
+        for (const { guestPort, hostPort } of forwards.value.forwarded)
+          yield* Console.error(`abox: forwarding 127.0.0.1:${hostPort} -> guest port ${guestPort}`)
+        for (const { message } of forwards.value.refused) yield* Console.error(`abox: ${escapeControl(message)}`)
       }
     }
   })

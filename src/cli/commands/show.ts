@@ -2,10 +2,12 @@ import * as Args from "@effect/cli/Args"
 import * as Command from "@effect/cli/Command"
 import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
 import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
 import { describeRootDisk, sharedBytesSync } from "../../lib/rootDisk.js"
 import { sessionStatus } from "../../programs/list.js"
 import { savedStateBytes } from "../../programs/suspend.js"
+import { readForwards } from "../../programs/forwardPorts.js"
 import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, notAnOption, printJson } from "../render.js"
@@ -41,6 +43,8 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       const running = status === "running"
       // a suspended session: its saved memory state's size on disk
       const memoryStateBytes = savedStateBytes(dir)
+      // the environment's ports its supervisor forwards (only while it runs)
+      const forwards = running ? Option.getOrUndefined(yield* readForwards(dir)) : undefined
       if (args.json)
         return yield* printJson({
           session: {
@@ -53,6 +57,7 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
             sharedBytes,
             ...(memoryStateBytes === undefined ? {} : { memoryStateBytes }),
             rootDisk: describeRootDisk(meta.rootDisk),
+            ...(forwards === undefined ? {} : { forwards }),
             meta
           }
         })
@@ -86,7 +91,16 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
           running ? "prev close" : "last close",
           meta.lastClose ? `${meta.lastClose.how} at ${meta.lastClose.at}` : undefined
         ],
-        ["broker", meta.policy ? describePolicy(meta.policy) : "(no policy recorded: deny all)"]
+        ["broker", meta.policy ? describePolicy(meta.policy) : "(no policy recorded: deny all)"],
+        [
+          "forwards",
+          forwards === undefined || forwards.forwarded.length + forwards.refused.length === 0
+            ? undefined
+            : [
+                ...forwards.forwarded.map((f) => `127.0.0.1:${f.hostPort} -> guest ${f.guestPort}`),
+                ...forwards.refused.map((f) => `guest ${f.guestPort} not forwarded (host port refused)`)
+              ].join(", ")
+        ]
       ]
       yield* Console.log(
         lines
