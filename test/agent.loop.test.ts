@@ -420,45 +420,6 @@ describe("model connections through the agent's own tunnel", () => {
   })
 })
 
-describe("a step's save runs beside the next request", () => {
-  it("the next request goes out before the save ends; the turn ends only after it", async () => {
-    let release: () => void = () => undefined
-    const gate = new Promise<void>((resolve) => (release = resolve))
-    const saved: Array<string> = []
-    let calls = 0
-    const agent = agentFor(repo(), "anthropic", {
-      onStep: async (messages) => {
-        calls++
-        await gate
-        saved.push(JSON.stringify(messages))
-      }
-    })
-    mock.push(
-      { kind: "tools", calls: [{ name: "shell", input: { command: "echo SAVED-STEP" } }] },
-      { kind: "text", chunks: ["done"] }
-    )
-    const n = mock.requests.length
-    let ended = false
-    const running = agent.run("save beside", () => undefined).then((outcome) => {
-      ended = true
-      return outcome
-    })
-    // the second request arrives while the first step's save still waits
-    await mock.untilRequest(n + 2)
-    // the second step ends too (its save is asked for), and the turn still waits for both
-    while (calls < 2) await new Promise((resolve) => setTimeout(resolve, 5))
-    await new Promise((resolve) => setTimeout(resolve, 20))
-    expect(saved).toHaveLength(0)
-    expect(ended).toBe(false)
-    release()
-    expect((await running).reason).toBe("done")
-    // both steps' saves ended before the turn did, the first one holding its tool result
-    expect(saved).toHaveLength(2)
-    expect(saved[0]).toContain("SAVED-STEP")
-    await agent.close()
-  })
-})
-
 describe.each(["anthropic", "openai", "chat"] as const)("compaction (%s)", (provider) => {
   // a small window: two 5000-character tool outputs pass the 75 % mark
   const small = (): ModelSpec => ({ ...spec(provider), contextWindow: 3000 })

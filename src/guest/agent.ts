@@ -199,37 +199,10 @@ export class GuestAgent {
     }
   }
 
-  /**
-   * context.json after a prompt turn's finished step (errors are logged, never thrown). The step's
-   * save runs beside the next model request, so a request for it while one is still queued adds
-   * none: the queued one reads the conversation when it starts.
-   */
-  readonly saveProgress = (): Promise<void> => {
-    if (this.progressQueued) return this.saving
-    this.progressQueued = true
-    return this.queueSave(() => {
-      this.progressQueued = false
-    })
-  }
+  /** context.json now (a prompt turn's finished steps; errors are logged, never thrown) */
+  readonly saveProgress = (): Promise<void> => this.save()
 
-  private saving: Promise<void> = Promise.resolve()
-  private progressQueued = false
-
-  private save(): Promise<void> {
-    return this.queueSave()
-  }
-
-  /** one save at a time (they share the temp file): each waits for the one before */
-  private queueSave(onStart?: () => void): Promise<void> {
-    const next = this.saving.then(() => {
-      onStart?.()
-      return this.saveNow()
-    })
-    this.saving = next
-    return next
-  }
-
-  private async saveNow(): Promise<void> {
+  private async save(): Promise<void> {
     try {
       const messages = this.options.prompts === undefined ? [] : await this.options.prompts.messages()
       await saveContext(this.options.stateDir, this.history, messages)

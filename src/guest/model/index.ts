@@ -73,9 +73,7 @@ export interface ModelAgentOptions {
   readonly log: (line: string) => void
   /**
    * after each completed step of a prompt turn, the conversation so far (context.json is saved:
-   * a VM killed mid-turn loses no finished step). Started at once and not awaited by the next
-   * step (the save runs beside the next model request; the caller serialises its saves); the
-   * turn ends only once every save it started has
+   * a VM killed mid-turn loses no finished step); awaited before the next step
    */
   readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined
 }
@@ -302,8 +300,6 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     }
     lastRefusal = undefined
     const emit = (event: AgentEvent) => Effect.promise(() => Promise.resolve(sink(event)))
-    // the step saves this turn started
-    const saves: Array<Promise<void>> = []
     const turn = Effect.gen(function* () {
       const toolkit = yield* AgentToolkit.pipe(Effect.provide(toolkitLayer))
       // the repository's AGENTS.md / CLAUDE.md, read afresh for each turn
@@ -314,15 +310,11 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
         maxSteps: limits?.maxSteps ?? options.maxSteps ?? DEFAULT_MAX_STEPS,
         maxCostUsd: limits?.maxCostUsd,
         systemPrompt: instructions === undefined ? SYSTEM_PROMPT : `${SYSTEM_PROMPT}\n\n${instructions}`,
-        // started, not awaited: the next request goes out while the step is written; `run`
-        // awaits the saves before the turn ends (a cancel too: never races the turn's last one)
+        // uninterruptible: a cancel waits for the save in progress, never races the turn's last one
         onStep:
           onStep === undefined
             ? undefined
-            : () =>
-                Effect.sync(() => {
-                  saves.push(onStep(messagesOf(conversation.prompt)).catch(() => undefined))
-                }),
+            : () => Effect.uninterruptible(Effect.promise(() => onStep(messagesOf(conversation.prompt)))),
         emit,
         lastRefusal: () => lastRefusal
       })
@@ -330,7 +322,6 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     const fiber = runtime.runFork(turn)
     running = fiber
     const exit = await runtime.runPromise(Fiber.await(fiber))
-    await Promise.all(saves)
     if (running === fiber) running = undefined
     const outcome: PromptOutcome = Exit.isSuccess(exit)
       ? exit.value
