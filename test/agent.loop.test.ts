@@ -379,6 +379,44 @@ describe("context after every step", () => {
   })
 })
 
+describe("a step's save and the next request", () => {
+  it("the next request leaves only once the finished step is saved; the turn ends after its last save", async () => {
+    let release: () => void = () => undefined
+    const gate = new Promise<void>((resolve) => (release = resolve))
+    const saved: Array<string> = []
+    let calls = 0
+    const agent = agentFor(repo(), "anthropic", {
+      onStep: async (messages) => {
+        calls++
+        await gate
+        saved.push(JSON.stringify(messages))
+      }
+    })
+    mock.push(
+      { kind: "tools", calls: [{ name: "shell", input: { command: "echo SAVED-STEP" } }] },
+      { kind: "text", chunks: ["done"] }
+    )
+    const n = mock.requests.length
+    let ended = false
+    const running = agent.run("save first", () => undefined).then((outcome) => {
+      ended = true
+      return outcome
+    })
+    while (calls < 1) await new Promise((resolve) => setTimeout(resolve, 5))
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    // the first step's save still waits: no second request, no end
+    expect(mock.requests.length - n).toBe(1)
+    expect(ended).toBe(false)
+    release()
+    expect((await running).reason).toBe("done")
+    expect(mock.requests.length - n).toBe(2)
+    expect(saved).toHaveLength(2)
+    expect(saved[0]).toContain("SAVED-STEP")
+    expect(saved[1]).toContain("done")
+    await agent.close()
+  })
+})
+
 describe("model connections through the agent's own tunnel", () => {
   const tunnelTo = (calls: Array<string>) => (host: string, port: number) => {
     calls.push(`${host}:${port}`)

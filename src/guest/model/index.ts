@@ -73,7 +73,8 @@ export interface ModelAgentOptions {
   readonly log: (line: string) => void
   /**
    * after each completed step of a prompt turn, the conversation so far (context.json is saved:
-   * a VM killed mid-turn loses no finished step); awaited before the next step
+   * a VM killed mid-turn loses no finished step). The next request is built while it runs and
+   * is sent only once it is done; the turn ends after it; one at a time
    */
   readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined
 }
@@ -266,10 +267,19 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     bodyTimeout: 10 * 60 * 1000,
     headersTimeout: 10 * 60 * 1000
   })
+  // the last finished step's save: the next request is built while it runs and leaves only once
+  // it is done (a VM killed as that request arrives keeps the step)
+  let saving: Promise<void> = Promise.resolve()
   const http = Layer.succeed(
     HttpClient.HttpClient,
-    HttpClient.transformResponse(NodeHttpClient.makeUndici(dispatcher), (response) =>
-      Effect.map(response, (r) => drainToEnd(r))
+    HttpClient.transformResponse(
+      HttpClient.mapRequestEffect(NodeHttpClient.makeUndici(dispatcher), (request) =>
+        Effect.as(
+          Effect.promise(() => saving),
+          request
+        )
+      ),
+      (response) => Effect.map(response, (r) => drainToEnd(r))
     )
   )
   const spec = options.spec
@@ -310,11 +320,17 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
         maxSteps: limits?.maxSteps ?? options.maxSteps ?? DEFAULT_MAX_STEPS,
         maxCostUsd: limits?.maxCostUsd,
         systemPrompt: instructions === undefined ? SYSTEM_PROMPT : `${SYSTEM_PROMPT}\n\n${instructions}`,
-        // uninterruptible: a cancel waits for the save in progress, never races the turn's last one
+        // started, not awaited: the next request is built meanwhile and waits for it to leave;
+        // `run` awaits it before the turn ends (a cancel too: never races the turn's last save)
         onStep:
           onStep === undefined
             ? undefined
-            : () => Effect.uninterruptible(Effect.promise(() => onStep(messagesOf(conversation.prompt)))),
+            : () =>
+                Effect.sync(() => {
+                  const messages = messagesOf(conversation.prompt)
+                  const previous = saving
+                  saving = previous.then(() => onStep(messages)).catch(() => undefined)
+                }),
         emit,
         lastRefusal: () => lastRefusal
       })
@@ -322,6 +338,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     const fiber = runtime.runFork(turn)
     running = fiber
     const exit = await runtime.runPromise(Fiber.await(fiber))
+    await saving
     if (running === fiber) running = undefined
     const outcome: PromptOutcome = Exit.isSuccess(exit)
       ? exit.value
