@@ -5,8 +5,10 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
+import type { TunnelOpenResult } from "../src/guest/connectProxy.js"
 import { createModelAgent, type ModelAgentOptions } from "../src/guest/model/index.js"
 import type { ModelSpec } from "../src/protocol/GuestConfig.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
@@ -373,6 +375,85 @@ describe("context after every step", () => {
     expect(agent.cancel()).toBe(true)
     expect((await running).reason).toBe("cancelled")
     expect(JSON.stringify(agent.messages())).toContain("FIRST-STEP-OUTPUT")
+    await agent.close()
+  })
+})
+
+describe("a step's save and the next request", () => {
+  it("the next request leaves only once the finished step is saved; the turn ends after its last save", async () => {
+    let release: () => void = () => undefined
+    const gate = new Promise<void>((resolve) => (release = resolve))
+    const saved: Array<string> = []
+    let calls = 0
+    const agent = agentFor(repo(), "anthropic", {
+      onStep: async (messages) => {
+        calls++
+        await gate
+        saved.push(JSON.stringify(messages))
+      }
+    })
+    mock.push(
+      { kind: "tools", calls: [{ name: "shell", input: { command: "echo SAVED-STEP" } }] },
+      { kind: "text", chunks: ["done"] }
+    )
+    const n = mock.requests.length
+    let ended = false
+    const running = agent.run("save first", () => undefined).then((outcome) => {
+      ended = true
+      return outcome
+    })
+    while (calls < 1) await new Promise((resolve) => setTimeout(resolve, 5))
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    // the first step's save still waits: no second request, no end
+    expect(mock.requests.length - n).toBe(1)
+    expect(ended).toBe(false)
+    release()
+    expect((await running).reason).toBe("done")
+    expect(mock.requests.length - n).toBe(2)
+    expect(saved).toHaveLength(2)
+    expect(saved[0]).toContain("SAVED-STEP")
+    expect(saved[1]).toContain("done")
+    await agent.close()
+  })
+})
+
+describe("model connections through the agent's own tunnel", () => {
+  const tunnelTo = (calls: Array<string>) => (host: string, port: number) => {
+    calls.push(`${host}:${port}`)
+    return new Promise<TunnelOpenResult>((resolve, reject) => {
+      const socket = net.connect({ host: "127.0.0.1", port: mock.port })
+      socket.once("connect", () => resolve({ ok: true, stream: socket }))
+      socket.once("error", reject)
+    })
+  }
+
+  it("each connection is a tunnel asked for the model's host and port (no proxy socket)", async () => {
+    const calls: Array<string> = []
+    const agent = agentFor(repo(), "anthropic", { openTunnel: tunnelTo(calls) })
+    mock.push(
+      { kind: "tools", calls: [{ name: "shell", input: { command: "echo THROUGH-TUNNEL" } }] },
+      { kind: "text", chunks: ["done"] }
+    )
+    const n = mock.requests.length
+    expect((await agent.run("tunnel", () => undefined)).reason).toBe("done")
+    expect(mock.requests.length - n).toBe(2)
+    expect(JSON.stringify(mock.requests[n + 1]!.body)).toContain("THROUGH-TUNNEL")
+    // one tunnel, kept for the second request
+    expect(calls).toEqual([`localhost:${mock.port}`])
+    await agent.close()
+  })
+
+  it("a tunnel the broker refuses ends the turn with its reason", async () => {
+    const agent = agentFor(repo(), "anthropic", {
+      openTunnel: () => Promise.resolve({ ok: false, reason: "host-not-allowed: TUNNEL-REFUSED" })
+    })
+    const n = mock.requests.length
+    const outcome = await agent.run("refused", () => undefined)
+    expect(outcome.reason).toBe("error")
+    expect(outcome.message).toContain(
+      `the broker refused the connection to the model: localhost:${mock.port}: host-not-allowed: TUNNEL-REFUSED`
+    )
+    expect(mock.requests.length).toBe(n)
     await agent.close()
   })
 })

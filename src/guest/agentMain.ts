@@ -26,7 +26,7 @@ import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type { ControlMessage } from "../protocol/Messages.js"
 import { GUEST_RECEIVE_WINDOW, Mux } from "../protocol/Mux.js"
 import { archName, GuestAgent, type AgentEnd, type AgentLink } from "./agent.js"
-import { guestProxyEnv, startConnectProxy } from "./connectProxy.js"
+import { guestProxyEnv, startConnectProxy, type TunnelOpenResult } from "./connectProxy.js"
 import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { ensureStateDir, loadContext } from "./context.js"
 import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
@@ -105,6 +105,8 @@ export interface EgressProxy {
   /** the proxy's port on 127.0.0.1 (absent: it did not start) */
   readonly port?: number
   readonly onTunnelMessage?: (message: ControlMessage) => void
+  /** a broker tunnel without the proxy's loopback hop (the model agent's own requests) */
+  readonly openTunnel?: (host: string, port: number) => Promise<TunnelOpenResult>
   readonly close: () => void
 }
 
@@ -188,6 +190,7 @@ export const startEgressProxy = async (
     env,
     port: proxy.port,
     onTunnelMessage: (message) => tunnels.onMessage(message),
+    openTunnel: (host, port) => tunnels.request(host, port),
     close: () => {
       tunnels.close()
       void running.close()
@@ -325,6 +328,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     env: turnEnv(turnEnvironment),
     messages,
     proxyPort: proxy.port,
+    openTunnel: proxy.openTunnel,
     caPems: addedCaPems(config.right),
     log
   }, slot)

@@ -45,6 +45,8 @@ export interface PromptEnvironment {
   readonly env: Readonly<Record<string, string>>
   readonly messages: ReadonlyArray<unknown>
   readonly proxyPort?: number | undefined
+  /** a broker tunnel straight from the agent (the proxy's own, without its loopback hop) */
+  readonly openTunnel?: ModelAgentOptions["openTunnel"]
   readonly caPems?: ReadonlyArray<string> | undefined
   readonly log: (line: string) => void
   /** after each completed step of a prompt turn (context.json is saved) */

@@ -1,12 +1,15 @@
 /**
  * The model agent (bundled apart, dist/abox-guest-model.cjs, and loaded only on the first prompt
  * turn: the agent's start stays free of the model stack). `createModelAgent` builds, once, the
- * provider's LanguageModel over an HTTP client whose every connection is a CONNECT through the
- * guest's egress proxy (so the broker decides, and adds the key) and trusts the session CA.
+ * provider's LanguageModel over an HTTP client whose every connection is a broker tunnel asked
+ * for as the guest's egress proxy asks for its CONNECTs (so the broker decides, and adds the
+ * key; the agent and its proxy share the process, so no loopback socket between them) and
+ * trusts the session CA.
  *
  * This module is an edge: a turn is one fiber of a ManagedRuntime, interrupted by `cancel`.
  */
 import * as net from "node:net"
+import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
 import * as AnthropicClient from "@effect/ai-anthropic/AnthropicClient"
 import * as AnthropicLanguageModel from "@effect/ai-anthropic/AnthropicLanguageModel"
@@ -32,6 +35,7 @@ import { Agent, type buildConnector } from "undici"
 import type { ModelSpec } from "../../protocol/GuestConfig.js"
 import type { AgentEvent, TurnLimits } from "../../protocol/Messages.js"
 import { CREDENTIAL_PLACEHOLDER } from "../../protocol/GuestConfig.js"
+import type { TunnelOpenResult } from "../connectProxy.js"
 import type { TurnUser } from "../user.js"
 import * as ChatLanguageModel from "./chat.js"
 import { pathsSeen, ReadLedger } from "./fileText.js"
@@ -59,12 +63,18 @@ export interface ModelAgentOptions {
   readonly messages: ReadonlyArray<unknown>
   /** the egress proxy (127.0.0.1:port); absent: direct connections (tests) */
   readonly proxyPort?: number | undefined
+  /**
+   * the proxy's tunnel request itself (the agent and its proxy share the process): a model
+   * connection then skips the loopback socket and the CONNECT exchange; preferred to proxyPort
+   */
+  readonly openTunnel?: ((host: string, port: number) => Promise<TunnelOpenResult>) | undefined
   /** extra CAs to trust (the session's broker CA) */
   readonly caPems?: ReadonlyArray<string> | undefined
   readonly log: (line: string) => void
   /**
    * after each completed step of a prompt turn, the conversation so far (context.json is saved:
-   * a VM killed mid-turn loses no finished step); awaited before the next step
+   * a VM killed mid-turn loses no finished step). The next request is built while it runs and
+   * is sent only once it is done; the turn ends after it; one at a time
    */
   readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined
 }
@@ -94,13 +104,15 @@ export interface ModelAgent {
 const DENY_HEADER = /^x-abox-deny-reason:\s*(.*)$/im
 
 /**
- * An undici connector: CONNECT host:port through the proxy (or a direct socket), then TLS for
- * https. A refusal's reason (the broker's, in X-Abox-Deny-Reason) is kept for the error message.
+ * An undici connector: a broker tunnel (`openTunnel`), else CONNECT host:port through the proxy
+ * (or a direct socket), then TLS for https. A refusal's reason (the broker's, in the tunnel's
+ * answer or X-Abox-Deny-Reason) is kept for the error message.
  */
 const tunnelConnector = (
   proxyPort: number | undefined,
   ca: ReadonlyArray<string>,
-  onRefusal: (why: string) => void
+  onRefusal: (why: string) => void,
+  openTunnel?: (host: string, port: number) => Promise<TunnelOpenResult>
 ): buildConnector.connector => {
   // built once, on the first connection: parsing the ~150 roots for every TLS connection was the
   // largest item of the agent's own CPU profile after module loading
@@ -109,8 +121,8 @@ const tunnelConnector = (
   return (options, callback) => {
     const host = options.hostname
     const port = Number(options.port) || (options.protocol === "https:" ? 443 : 80)
-    const secure = (socket: net.Socket) => {
-      if (options.protocol !== "https:") return callback(null, socket)
+    const secure = (socket: Duplex) => {
+      if (options.protocol !== "https:") return callback(null, socket as net.Socket)
       const tlsSocket = tls.connect({
         socket,
         servername: options.servername ?? host,
@@ -119,6 +131,18 @@ const tunnelConnector = (
       })
       tlsSocket.once("secureConnect", () => callback(null, tlsSocket))
       tlsSocket.once("error", (error) => callback(error, null))
+      tlsSocket.once("close", () => socket.destroy())
+    }
+    if (openTunnel !== undefined) {
+      openTunnel(host, port).then(
+        (result) => {
+          if (result.ok) return secure(result.stream)
+          onRefusal(`${host}:${port}: ${result.reason}`)
+          callback(new Error(`the broker refused ${host}:${port}: ${result.reason}`), null)
+        },
+        (error: unknown) => callback(error instanceof Error ? error : new Error(String(error)), null)
+      )
+      return
     }
     if (proxyPort === undefined) {
       const socket = net.connect({ host, port })
@@ -236,16 +260,26 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
       [...tls.rootCertificates, ...(options.caPems ?? [])],
       (why) => {
         lastRefusal = why
-      }
+      },
+      options.openTunnel
     ),
     // a model answer may pause for minutes while it thinks
     bodyTimeout: 10 * 60 * 1000,
     headersTimeout: 10 * 60 * 1000
   })
+  // the last finished step's save: the next request is built while it runs and leaves only once
+  // it is done (a VM killed as that request arrives keeps the step)
+  let saving: Promise<void> = Promise.resolve()
   const http = Layer.succeed(
     HttpClient.HttpClient,
-    HttpClient.transformResponse(NodeHttpClient.makeUndici(dispatcher), (response) =>
-      Effect.map(response, (r) => drainToEnd(r))
+    HttpClient.transformResponse(
+      HttpClient.mapRequestEffect(NodeHttpClient.makeUndici(dispatcher), (request) =>
+        Effect.as(
+          Effect.promise(() => saving),
+          request
+        )
+      ),
+      (response) => Effect.map(response, (r) => drainToEnd(r))
     )
   )
   const spec = options.spec
@@ -286,11 +320,17 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
         maxSteps: limits?.maxSteps ?? options.maxSteps ?? DEFAULT_MAX_STEPS,
         maxCostUsd: limits?.maxCostUsd,
         systemPrompt: instructions === undefined ? SYSTEM_PROMPT : `${SYSTEM_PROMPT}\n\n${instructions}`,
-        // uninterruptible: a cancel waits for the save in progress, never races the turn's last one
+        // started, not awaited: the next request is built meanwhile and waits for it to leave;
+        // `run` awaits it before the turn ends (a cancel too: never races the turn's last save)
         onStep:
           onStep === undefined
             ? undefined
-            : () => Effect.uninterruptible(Effect.promise(() => onStep(messagesOf(conversation.prompt)))),
+            : () =>
+                Effect.sync(() => {
+                  const messages = messagesOf(conversation.prompt)
+                  const previous = saving
+                  saving = previous.then(() => onStep(messages)).catch(() => undefined)
+                }),
         emit,
         lastRefusal: () => lastRefusal
       })
@@ -298,6 +338,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     const fiber = runtime.runFork(turn)
     running = fiber
     const exit = await runtime.runPromise(Fiber.await(fiber))
+    await saving
     if (running === fiber) running = undefined
     const outcome: PromptOutcome = Exit.isSuccess(exit)
       ? exit.value
