@@ -158,6 +158,7 @@ const decodeChain = Schema.decodeUnknown(Schema.parseJson(Schema.Array(ChainEntr
 /** one file of a disk's backing chain and the file it reads through to (absolute), if any */
 export interface ChainLink {
   readonly file: string
+  readonly format: string
   readonly backing: string | undefined
   readonly backingFormat: string | undefined
 }
@@ -177,6 +178,7 @@ export const backingChain = Effect.fn("frozenLayers.chain")(function* (qemuImg: 
     const relative = entry["full-backing-filename"] ?? entry["backing-filename"]
     return {
       file: path.resolve(entry.filename),
+      format: entry.format,
       backing:
         relative === undefined ? undefined : path.resolve(path.dirname(path.resolve(entry.filename)), relative),
       backingFormat: entries[i + 1]?.format
