@@ -346,7 +346,9 @@ export const list = (): Promise<ReadonlyArray<SessionListing>> =>
  * (explicit only: abox never deletes a session by itself). A running session is refused with
  * `SessionBusy` and nothing is deleted.
  */
-export const remove = (ref: string): Promise<void> => run(Effect.asVoid(Remove.remove([ref])))
+export const remove = (ref: string, options: { readonly force?: boolean | undefined } = {}): Promise<void> =>
+  // force: a session with forks (they read its frozen layers) is removed after they are made independent
+  run(Effect.asVoid(Remove.remove([ref], () => Effect.void, { force: options.force })))
 
 /**
  * Fork a session (`abox fork`): running detached, suspended or stopped; a new session over its
