@@ -1,7 +1,7 @@
 /**
- * Fork of a stopped session through the programs (FakeVmm with a qcow2 root, a real registered
+ * Fork of a stopped (here: suspended) session through the programs (FakeVmm with a qcow2 root, a real registered
  * image, the real store and lock, real qemu-img and qemu-io): the parent's disk becomes a frozen
- * layer that parent and fork both read; each writes its own overlay; `rm` of the parent is
+ * layer that parent and fork both read, its saved memory one inode for both; each writes its own overlay; `rm` of the parent is
  * refused naming the fork (SessionHasForks), `--force` rebases the fork off it (the data kept);
  * a fork's name is refused when taken; gc removes a frozen layer nothing reads.
  */
@@ -83,7 +83,7 @@ const io = (file: string, command: string) =>
 const reads = (file: string, command: string) => !/Pattern verification failed/.test(io(file, command))
 
 describe.skipIf(qemuImg === undefined || qemuIo === undefined || process.platform !== "linux")(
-  "fork of a stopped session (FakeVmm, qcow2)",
+  "fork of a stopped or suspended session (FakeVmm, qcow2)",
   () => {
     it.live("frozen layer shared, overlays apart; rm refused, --force rebases the fork; gc", () => {
       const home = tempDir("abox-fork-")
@@ -98,10 +98,30 @@ describe.skipIf(qemuImg === undefined || qemuIo === undefined || process.platfor
         const parentRoot = path.join(parent.dir, "root.qcow2")
         io(parentRoot, "write -P 0x11 0 64k")
 
+        // a suspended parent: its state (stand-ins here) is shared with the fork, one inode
+        const manifest = {
+          format: 1,
+          qemuVersion: "QEMU emulator version 7.2.22",
+          machine: "pc-q35-7.2",
+          layoutDigest: "0".repeat(64),
+          memoryMiB: 1024,
+          cpus: 2,
+          imageDigest: image.meta.digest,
+          compression: "raw",
+          bytes: 4096,
+          savedAt: new Date().toISOString()
+        }
+        fs.writeFileSync(path.join(parent.dir, "memory.state"), Buffer.alloc(4096, 7), { mode: 0o600 })
+        fs.writeFileSync(path.join(parent.dir, "memory.json"), JSON.stringify(manifest), { mode: 0o600 })
+
         const child = yield* fork("p", { name: "c" })
         const childDir = path.join(home, "sessions", child.id)
         const frozen = path.join(parent.dir, "root.frozen-1.qcow2")
-        expect(child.fork).toMatchObject({ parent: parent.id, parentName: "p", root: frozen, from: "stopped" })
+        expect(child.fork).toMatchObject({ parent: parent.id, parentName: "p", root: frozen, from: "suspended" })
+        expect(fs.statSync(path.join(childDir, "memory.state")).ino).toBe(
+          fs.statSync(path.join(parent.dir, "memory.state")).ino
+        )
+        expect(JSON.parse(fs.readFileSync(path.join(childDir, "memory.json"), "utf8"))).toEqual(manifest)
         expect(child.rootDisk).toEqual({ format: "qcow2", kind: "overlay", backing: image.meta.digest })
         expect(info(parentRoot)["backing-filename"]).toBe(frozen)
         expect(info(path.join(childDir, "root.qcow2"))["backing-filename"]).toBe(frozen)
@@ -114,8 +134,11 @@ describe.skipIf(qemuImg === undefined || qemuIo === undefined || process.platfor
         expect(reads(path.join(childDir, "root.qcow2"), "read -P 0x11 0 64k")).toBe(true)
         expect(reads(path.join(childDir, "root.qcow2"), "read -P 0x33 64k 64k")).toBe(true)
         expect(reads(parentRoot, "read -P 0x22 64k 64k")).toBe(true)
-        // the fork boots (FakeVmm) from its own disk
+        // the fork boots (FakeVmm: from its own disk, it restores no memory) and drops its state
+        // link; the parent's stays
         yield* Effect.scoped(resume("c"))
+        expect(fs.existsSync(path.join(childDir, "memory.state"))).toBe(false)
+        expect(fs.existsSync(path.join(parent.dir, "memory.state"))).toBe(true)
 
         const refused = yield* Effect.flip(remove(["p"]))
         expect(refused._tag).toBe("SessionHasForks")
