@@ -19,6 +19,7 @@ import { imageImport } from "./imageImport.js"
 import { scrubOverhead } from "./scrub.js"
 import { turnOutputStream } from "./turnOutput.js"
 import { vmmOpenToHello, vmmRss } from "./vmm.js"
+import { forkDisk, forkVsOpen, suspendResume } from "./fork.js"
 import { cowDiskThroughput, cowIdleRss, cowMainJob5, cowSessionDisk, cowSessions20, vmmClone } from "./cow.js"
 
 const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Figure>]> = [
@@ -55,7 +56,10 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["imageImport", imageImport],
   ["envBuild", envBuild],
   ["envDisk", envDisk],
-  ["envOpen", envOpen]
+  ["envOpen", envOpen],
+  ["suspendResume", suspendResume],
+  ["forkVsOpen", forkVsOpen],
+  ["forkDisk", forkDisk]
 ]
 
 const only = process.argv.slice(2)

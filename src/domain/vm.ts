@@ -78,11 +78,11 @@ export interface SaveRequest {
   readonly then: "quit" | "cont"
   readonly imageDigest: string
   /**
-   * while the VM is stopped, before its memory is saved: each drive goes on writing to a new
-   * qcow2 overlay over what it was (`blockdev-snapshot-sync`), which is frozen from then on
+   * while the VM is stopped, before its memory is saved: each drive goes on writing to `overlay`
+   * (made beforehand over what the drive wrote so far, which is frozen from then on;
+   * `blockdev-snapshot-sync`, a fork of a running session)
    */
-  readonly snapshotDisks?:
-    ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string }> | undefined
+  readonly snapshotDisks?: ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string }> | undefined
 }
 
 export interface VmHandle {

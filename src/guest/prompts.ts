@@ -47,7 +47,8 @@ export interface PromptEnvironment {
   readonly proxyPort?: number | undefined
   /** a broker tunnel straight from the agent (the proxy's own, without its loopback hop) */
   readonly openTunnel?: ModelAgentOptions["openTunnel"]
-  readonly caPems?: ReadonlyArray<string> | undefined
+  /** the CAs a model connection trusts besides the system's, asked for each connection */
+  readonly caPems?: ReadonlyArray<string> | (() => ReadonlyArray<string>) | undefined
   readonly log: (line: string) => void
   /** after each completed step of a prompt turn (context.json is saved) */
   readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined

@@ -70,6 +70,8 @@ import {
 } from "../domain/repoErrors.js"
 import { VmmError, VmmUnavailable } from "../domain/vm.js"
 import { SessionIncompatible } from "./compat.js"
+import { SuspendRefused } from "./suspend.js"
+import { SnapshotUnsupported } from "../domain/memoryState.js"
 
 // ---- errors across the process boundary ----
 
@@ -106,7 +108,9 @@ const KnownError = Schema.Union(
   PatchFailed,
   RepoToolFailed,
   RepoPathInvalid,
-  TtyUnsupported
+  TtyUnsupported,
+  SuspendRefused,
+  SnapshotUnsupported
 )
 export type RemoteError = typeof KnownError.Type | ControlRefused
 const decodeKnown = Schema.decodeUnknownEither(KnownError)
@@ -385,6 +389,23 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
       yield* Effect.sync(() => process.kill(reply.pid, "SIGKILL")).pipe(Effect.ignore)
       yield* waitGone(reply.pid, Duration.seconds(5))
       return { how: "killed" as const, pid: reply.pid }
+    })
+  )
+})
+
+/**
+ * A running session frozen for a fork (the control protocol's `fork`): its disks become frozen
+ * layers, its memory is saved into `statePath`, it runs on. Returns the frozen layers and the
+ * saved state's manifest.
+ */
+export const freeze = Effect.fn("detached.freeze")(function* (ref: string, statePath: string) {
+  return yield* Effect.scoped(
+    Effect.gen(function* () {
+      const connection = yield* connect(ref)
+      const reply = yield* ask(connection, { type: "fork", statePath })
+      if (reply.type !== "forked")
+        return yield* new ControlError({ reason: "protocol", message: `expected forked, got ${reply.type}` })
+      return reply
     })
   )
 })

@@ -8,9 +8,10 @@ import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError } from "../services/SessionStore.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { processAlive, stagingOwner } from "../lib/staging.js"
+import { unusedFrozenLayers } from "./fork.js"
 
 export interface GcAction {
-  readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm" | "image-staging"
+  readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm" | "image-staging" | "frozen-layer"
   readonly target: string
   readonly detail: string
   readonly done: boolean
@@ -159,6 +160,19 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
         try: () => fs.rm(dir, { recursive: true, force: true }),
         catch: (cause) =>
           new StoreIoError({ path: dir, operation: "remove", message: `cannot remove ${dir}: ${errorMessage(cause)}` })
+      })
+    )
+  }
+
+  // frozen layers no disk reads any more (their forks removed or made independent): removed
+  // under their session's lock, so no fork of it is being made meanwhile
+  const unused = yield* unusedFrozenLayers().pipe(Effect.orElseSucceed(() => []))
+  for (const layer of unused) {
+    yield* Effect.scoped(
+      Effect.gen(function* () {
+        const held = yield* Effect.either(lock.acquire(layer.session))
+        if (held._tag === "Left") return
+        yield* act("frozen-layer", layer.file, "a frozen layer no session's disk reads", removeFile(layer.file))
       })
     )
   }

@@ -1,3 +1,4 @@
+import type { CommandExecutor } from "@effect/platform/CommandExecutor"
 import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -14,6 +15,7 @@ import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { checkOverlay, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
+import { settleDisks } from "../lib/frozenLayers.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { earlyExitReport } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -40,7 +42,15 @@ import { SessionStore, StoreIoError, type SessionMeta } from "../services/Sessio
 import { VmmBackend } from "../services/VmmBackend.js"
 import { VmmError, type CloseBounds, type RepoDisks, type VmHandle, type VmSpec } from "../domain/vm.js"
 import type { StateManifest } from "../domain/memoryState.js"
-import { restoreSaved, suspendVm, SuspendRefused, type SuspendError } from "./suspend.js"
+import {
+  freezeVm,
+  type FreezeError,
+  type Frozen,
+  restoreSaved,
+  suspendVm,
+  SuspendRefused,
+  type SuspendError
+} from "./suspend.js"
 import { hostArch } from "../lib/arch.js"
 import { type BrokerPolicy, withRules } from "../broker/policy.js"
 import {
@@ -86,6 +96,11 @@ export interface Session {
    * resume restores it, processes and all. Close the session's scope afterwards, as ever.
    */
   readonly suspend: Effect.Effect<StateManifest, SuspendError>
+  /**
+   * a fork's first half (src/programs/fork.ts; no turn may run): the disks become frozen layers,
+   * the VM goes on in new overlays over them, its memory saved into `statePath` meanwhile
+   */
+  readonly freeze: (statePath: string) => Effect.Effect<Frozen, FreezeError, CommandExecutor>
   /** this boot restored a saved memory state (false: a cold boot) */
   readonly restored: boolean
 }
@@ -347,7 +362,9 @@ const boot = Effect.fn("session.boot")(function* (
               Effect.flatMap((outcome) =>
                 store.update(meta.id, (current) => ({ ...current, lastClose: outcome }))
               ),
-              Effect.ignore
+              Effect.ignore,
+              // the VM is down: overlays it went on in after a fork become its disks' own names
+              Effect.zipRight(Effect.ignore(settleDisks(dir)))
             )
         })
       )
@@ -520,6 +537,14 @@ const sessionFrom = (
           )
         : suspendVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "")
     ),
+    freeze: (statePath) =>
+      Effect.suspend(() =>
+        running > 0
+          ? Effect.fail(
+              new SuspendRefused({ reason: "busy", message: "a turn is running: fork once it has ended" })
+            )
+          : freezeVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "", statePath)
+      ),
     restored: booted.restored
   }
 }
@@ -759,6 +784,8 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         ))
       // a VM killed mid-write leaves at worst leaked clusters: reclaimed here; corruption refused
       const root = sessionRootDisk(session.dir, recorded.rootDisk)
+      // a VM forked while it ran went on in `next` overlays: they are its disks from now on
+      yield* settleDisks(session.dir)
       if (root.format === "qcow2") yield* checkOverlay(root.file)
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
       const previousEnv = (yield* store.readGuestConfig(id).pipe(Effect.option)).pipe(

@@ -538,6 +538,28 @@ const serve = Effect.fn("supervisor.serve")(function* (
           return yield* attach(client, request.typist, lines, send)
         case "forward":
           return yield* forward(request.port, lines, send)
+        case "fork": {
+          // the fork's first half (src/programs/fork.ts): refused while a turn runs, or by an old guest
+          if (!path.isAbsolute(request.statePath))
+            return yield* refuse(
+              send,
+              new ControlError({ reason: "bad request", message: `not an absolute path: ${request.statePath}` })
+            )
+          const frozen = yield* Effect.either(session.freeze(request.statePath))
+          if (Either.isLeft(frozen)) return yield* send({ type: "error", error: errorFields(frozen.left) })
+          const { root, repo } = frozen.right.frozen
+          if (root === undefined)
+            return yield* refuse(
+              send,
+              new ControlError({ reason: "fork", message: "this session's root disk is not a qcow2 overlay" })
+            )
+          return yield* send({
+            type: "forked",
+            root,
+            ...(repo === undefined ? {} : { repo }),
+            manifest: frozen.right.manifest
+          })
+        }
         case "repo":
           // the client gone (its connection closed): the operation is interrupted, which stops
           // the guest's export (src/lib/hostExtract.ts) instead of reading it to its end

@@ -6,6 +6,7 @@
  * `forward_ok` the connection carries raw bytes). Every line is Schema-decoded on both ends.
  */
 import * as Schema from "effect/Schema"
+import { StateManifest } from "../domain/memoryState.js"
 import { AgentEvent, Hello, TurnLimits, TurnSignalName } from "./Messages.js"
 
 /** this protocol's version, in `status` */
@@ -66,6 +67,12 @@ export const StopRequest = msg("stop", {
   /** save the VM's memory first (src/programs/suspend.ts): the next start restores it */
   suspend: Schema.optional(Schema.Boolean)
 })
+/**
+ * Freeze the running session for a fork (docs/detached.md "Fork"): its disks become frozen layers
+ * and it goes on in new overlays over them, its memory saved into `statePath` (absolute: a file
+ * in the new session's directory) while it is stopped; `forked` names the frozen layers
+ */
+export const ForkRequest = msg("fork", { statePath: Schema.String })
 /** a byte stream to 127.0.0.1:<port> in the guest */
 export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.between(1, 65535)) })
 
@@ -121,7 +128,8 @@ export const ControlRequest = Schema.Union(
   InputRequest,
   ResizeRequest,
   SignalRequest,
-  RepoRequest
+  RepoRequest,
+  ForkRequest
 )
 export type ControlRequest = typeof ControlRequest.Type
 export type TurnRequest = typeof TurnRequest.Type
@@ -170,6 +178,12 @@ export const Attached = msg("attached", {
 })
 export const Stopping = msg("stopping", { pid: Schema.Number })
 export const ForwardOk = msg("forward_ok", { port: Schema.Number })
+/** the fork's frozen layers (absolute paths) and the saved memory's manifest */
+export const Forked = msg("forked", {
+  root: Schema.String,
+  repo: Schema.optional(Schema.String),
+  manifest: StateManifest
+})
 /** a tagged error as data: `_tag`, `message` and its other fields (what `errorFields` makes) */
 export const ErrorFields = Schema.Struct(
   { _tag: Schema.String, message: Schema.String },
@@ -215,7 +229,8 @@ export const ControlReply = Schema.Union(
   ForwardOk,
   ControlErrorMsg,
   RepoData,
-  RepoDone
+  RepoDone,
+  Forked
 )
 export type ControlReply = typeof ControlReply.Type
 

@@ -26,6 +26,7 @@ import * as Detached from "../programs/detached.js"
 import * as Environment from "../programs/environment.js"
 import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
+import * as Fork from "../programs/fork.js"
 import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
 import type { AgentEvent, HelloMessage, TurnLimits } from "../protocol/Messages.js"
@@ -195,6 +196,11 @@ export interface SessionHandle extends AsyncDisposable {
   apply(options?: Partial<Repo.ApplyOptions>): Promise<ReadonlyArray<string>>
   /** the repository's files (paths relative to /work/repo); written files belong to the repository user */
   readonly files: SessionFiles
+  /**
+   * a new session forked from this one as it is now (`abox fork`): its metadata; `resume(meta.id)`
+   * (or its name) starts it, with this session's memory, processes and files
+   */
+  fork(options?: { readonly name?: string | undefined }): Promise<SessionMeta>
 }
 
 export interface SessionFiles {
@@ -296,7 +302,9 @@ const handleFor = async (
     diff: (options) => run(Repo.diff(session.connection, options)),
     apply: (options) =>
       run(Repo.apply(session.connection, { ...options, to: options?.to ?? session.meta.source })),
-    files: filesOf(session)
+    files: filesOf(session),
+    // this process holds the VM: it is frozen here, not through a supervisor
+    fork: (options) => run(Fork.fork(session.id, { name: options?.name, freezeRunning: session.freeze }))
   }
   return handle
 }
@@ -388,7 +396,18 @@ export const list = (): Promise<ReadonlyArray<SessionListing>> =>
  * (explicit only: abox never deletes a session by itself). A running session is refused with
  * `SessionBusy` and nothing is deleted.
  */
-export const remove = (ref: string): Promise<void> => run(Effect.asVoid(Remove.remove([ref])))
+export const remove = (ref: string, options: { readonly force?: boolean | undefined } = {}): Promise<void> =>
+  // force: a session with forks (they read its frozen layers) is removed after they are made independent
+  run(Effect.asVoid(Remove.remove([ref], () => Effect.void, { force: options.force })))
+
+/**
+ * Fork a session (`abox fork`): running detached, suspended or stopped; a new session over its
+ * frozen disks, with its memory where it had one running or saved. Returns the new session's
+ * metadata (resume it by id or name). A session this process holds open: `handle.fork()`.
+ */
+export const fork = (ref: string, options: { readonly name?: string | undefined } = {}): Promise<SessionMeta> =>
+  run(Fork.fork(ref, { name: options.name }))
+export { ForkRefused, SessionHasForks } from "../programs/fork.js"
 
 // ---- detached sessions: served by a supervisor process (docs/detached.md) ----
 
@@ -432,6 +451,8 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
       return closed
     },
     [Symbol.asyncDispose]: close,
+    // its supervisor freezes it (the control protocol's `fork`)
+    fork: (options) => run(Fork.fork(id, { name: options?.name })),
     // diff, apply and cp go over the control socket: the supervisor runs them on its connection
     diff: (options) => run(Effect.map(Detached.remoteRepo(id, { op: "diff", ...options }), (r) => r.text)),
     apply: (options) =>
@@ -580,6 +601,13 @@ export class SessionManager {
     if (held === undefined || held.handle.closed) return stopDetached(name)
     await held.handle.close()
     return true
+  }
+
+  /** fork the named session (the one this manager holds open, or any other): the new session's metadata */
+  async fork(name: string, options: { readonly name?: string | undefined } = {}): Promise<SessionMeta> {
+    const held = this.#open.get(name)
+    if (held !== undefined && !held.handle.closed) return held.handle.fork(options)
+    return fork(name, options)
   }
 
   /** close every session this manager holds */

@@ -146,8 +146,10 @@ export const resolveMachine = (qmp: QmpClient, alias: string) =>
 export const DRIVE_IDS = { root: "virtio0", repo: "repo" } as const
 
 /**
- * Each drive goes on writing into a new qcow2 overlay whose backing file is what it wrote to so
- * far (`blockdev-snapshot-sync`, absolute backing paths): that file is frozen from then on
+ * Each drive goes on writing into an overlay made beforehand (`blockdev-snapshot-sync`, mode
+ * `existing`: the overlay names its backing file itself, src/lib/frozenLayers.ts). QEMU keeps
+ * the file names it opened and opens them again (a migration's end inactivates the drives), so
+ * neither file may be renamed while this QEMU runs.
  */
 export const snapshotDrives = (
   qmp: QmpClient,
@@ -160,7 +162,7 @@ export const snapshotDrives = (
         device: DRIVE_IDS[drive],
         "snapshot-file": overlay,
         format: "qcow2",
-        mode: "absolute-paths"
+        mode: "existing"
       }),
     { discard: true }
   )
