@@ -63,7 +63,7 @@ export const detachedExec = async (ctx: BenchContext): Promise<Figure> => {
       yield* Deferred.await(ready)
       const session = yield* Deferred.await(held)
       const inProcess = timed(Stream.runDrain(session.turn("true")))
-      const overSocket = timed(Stream.runDrain(remoteTurn("bench", "true")))
+      const overSocket = timed(Stream.runDrain(remoteTurn("bench", { text: "true" })))
       // asynchronous: this process serves the control socket the CLI connects to
       const exec = timeProcess([process.execPath, cli, "exec", "bench", "--", "true"], home)
       const cliStart = timeProcess([process.execPath, cli, "--version"], home)

@@ -460,6 +460,40 @@ describe("detached supervisor (FakeVmm)", () => {
   )
 
   it.live(
+    "a client of this version and a supervisor of the old JSON-lines protocol part with ControlVersionMismatch, not a hang",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const id = yield* Effect.scoped(Effect.map(open({ source: source(), name: "old" }), (s) => s.id))
+        const socket = controlSocketPath(path.join(home, "sessions", id))
+        // a v1 supervisor: any first line that is not one of its requests gets its error line
+        yield* Effect.acquireRelease(
+          Effect.async<net.Server>((resume) => {
+            const server = net.createServer((c) => {
+              c.once("data", () =>
+                c.write(
+                  JSON.stringify({
+                    type: "error",
+                    error: { _tag: "ControlError", reason: "bad request", message: "not a control request" }
+                  }) + "\n"
+                )
+              )
+            })
+            server.listen(socket, () => resume(Effect.succeed(server)))
+          }),
+          (server) => Effect.sync(() => server.close())
+        )
+        const refused = yield* status("old").pipe(Effect.flip, Effect.timeout("20 seconds"))
+        expect(refused).toMatchObject({ _tag: "ControlVersionMismatch", version: 2, peer: null })
+        expect(refused.message).toContain("older control protocol")
+        const turn = yield* exec("old", { text: "true" }).pipe(Effect.flip, Effect.timeout("20 seconds"))
+        expect(turn._tag).toBe("ControlVersionMismatch")
+      }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
     "stop of a supervisor that does not finish takes the bounded kill path: SIGTERM, then SIGKILL",
     () => {
       const home = tempDir("abox-home-")

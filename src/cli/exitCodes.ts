@@ -62,7 +62,9 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // apply: the source changed where the patch writes; the patch does not apply
   SourceChanged: 97,
   PatchFailed: 98,
-  MergeConflicts: 102
+  MergeConflicts: 102,
+  // detached sessions: the client and the supervisor speak different control protocol versions
+  ControlVersionMismatch: 103
 }
 
 /** anything without its own code */
