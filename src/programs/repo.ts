@@ -641,7 +641,7 @@ export const listFiles = Effect.fn("repo.listFiles")(function* (connection: Gues
 /**
  * A stopped session: boots it (Resume), runs `operation` on its connection, closes it. A
  * session another process holds (running) fails `SessionBusy`: its holder runs the operation
- * (a detached session's supervisor, `viaSupervisorOr` in src/programs/detached.ts).
+ * (a detached session's supervisor, `withRepo` in src/programs/detached.ts).
  */
 export const withConnection = <A, E, R>(
   ref: string,
