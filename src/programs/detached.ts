@@ -255,13 +255,20 @@ const dial = Effect.fn("detached.dial")(function* (ref: string, forwardPort?: nu
   const lines = new LineSocket(socket)
   yield* writeLine(
     socket,
-    encodeHello({ type: "hello", version: CONTROL_VERSION, ...(forwardPort === undefined ? {} : { forward: forwardPort }) })
+    encodeHello({
+      type: "hello",
+      version: CONTROL_VERSION,
+      ...(forwardPort === undefined ? {} : { forward: forwardPort })
+    })
   )
   const answer = yield* readLine(lines).pipe(
     Effect.timeoutFail({
       duration: HANDSHAKE_TIMEOUT,
       onTimeout: () =>
-        new ControlError({ reason: "handshake", message: `the supervisor of ${ref} did not answer the handshake` })
+        new ControlError({
+          reason: "handshake",
+          message: `the supervisor of ${ref} did not answer the handshake`
+        })
     })
   )
   if (Option.isNone(answer))
@@ -349,7 +356,8 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
       const first = yield* replies.pipe(
         Effect.mapError(
           Option.match({
-            onNone: () => new ControlError({ reason: "closed", message: "the supervisor closed the connection" }),
+            onNone: () =>
+              new ControlError({ reason: "closed", message: "the supervisor closed the connection" }),
             onSome: connectionLost
           })
         )
@@ -357,7 +365,12 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
       const pid = first.pipe((chunk) => [...chunk][0]?.pid)
       if (pid === undefined)
         return yield* new ControlError({ reason: "protocol", message: "no Stopping from the supervisor" })
-      const closed = yield* replies.pipe(Effect.forever, Effect.ignore, Effect.timeout(timeout), Effect.isSuccess)
+      const closed = yield* replies.pipe(
+        Effect.forever,
+        Effect.ignore,
+        Effect.timeout(timeout),
+        Effect.isSuccess
+      )
       if (closed) {
         // the connection ends as the process exits: give it a moment to be reaped
         yield* waitGone(pid, Duration.seconds(5))
@@ -384,7 +397,10 @@ export const remoteTurn = (
   controls?: Stream.Stream<
     | { readonly _tag: "Input"; readonly bytes: Uint8Array }
     | { readonly _tag: "Resize"; readonly rows: number; readonly cols: number }
-    | { readonly _tag: "Signal"; readonly signal: "SIGINT" | "SIGTERM" | "SIGHUP" | "SIGQUIT" | "SIGKILL" | "SIGUSR1" | "SIGUSR2" }
+    | {
+        readonly _tag: "Signal"
+        readonly signal: "SIGINT" | "SIGTERM" | "SIGHUP" | "SIGQUIT" | "SIGKILL" | "SIGUSR1" | "SIGUSR2"
+      }
   >
 ) =>
   Stream.unwrapScoped(
@@ -433,7 +449,12 @@ export const remoteTurnEvents = (
       item._tag === "Event"
         ? Option.some(agentTurnEvent(item.event))
         : item._tag === "Ended"
-          ? Option.some({ _tag: "End", exitCode: item.exitCode, signal: item.signal, cancelled: item.cancelled })
+          ? Option.some({
+              _tag: "End",
+              exitCode: item.exitCode,
+              signal: item.signal,
+              cancelled: item.cancelled
+            })
           : Option.none()
     )
   )
@@ -487,7 +508,9 @@ export type ForwardRefusal = Effect.Effect.Error<ReturnType<typeof dial>>
 /** a call's RpcClientError (the connection broke) as ControlError */
 const mapRpc = <A, E>(effect: Effect.Effect<A, E | RpcClientError>) =>
   Effect.mapError(effect, (error) =>
-    (error as { _tag?: unknown })._tag === "RpcClientError" ? connectionLost(error as RpcClientError) : (error as E)
+    (error as { _tag?: unknown })._tag === "RpcClientError"
+      ? connectionLost(error as RpcClientError)
+      : (error as E)
   )
 
 /**
@@ -521,7 +544,8 @@ export const remoteSession = (ref: string) => {
       on((client) =>
         client.CopyOut({ guestPath, hostPath: path.resolve(hostPath), includeGit: options.includeGit })
       ),
-    copyIn: (hostPath, guestDir) => on((client) => client.CopyIn({ hostPath: path.resolve(hostPath), guestDir })),
+    copyIn: (hostPath, guestDir) =>
+      on((client) => client.CopyIn({ hostPath: path.resolve(hostPath), guestDir })),
     readFile: (guestPath) => on((client) => client.ReadFile({ path: guestPath })),
     writeFile: (guestPath, data, mode) =>
       on((client) =>
@@ -550,7 +574,9 @@ export const withRepo = <A, E, R>(ref: string, operation: (repo: AnyRepo) => Eff
     return yield* Repo.withConnection(ref, (connection) => operation(Repo.localRepo(connection)))
   })
 type ErrorsOf<T> = {
-  [K in keyof T]: T[K] extends (...args: ReadonlyArray<never>) => Effect.Effect<unknown, infer E, unknown> ? E : never
+  [K in keyof T]: T[K] extends (...args: ReadonlyArray<never>) => Effect.Effect<unknown, infer E, unknown>
+    ? E
+    : never
 }[keyof T]
 /** a session's repository on either side */
 export type AnyRepo = SessionRepo<

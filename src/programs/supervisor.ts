@@ -15,8 +15,7 @@
  */
 import * as RpcSerialization from "@effect/rpc/RpcSerialization"
 import * as RpcServer from "@effect/rpc/RpcServer"
-import * as NodeSocket from "@effect/platform-node/NodeSocket"
-import type * as Socket from "@effect/platform/Socket"
+import * as Socket from "@effect/platform/Socket"
 import * as SocketServer from "@effect/platform/SocketServer"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
@@ -31,6 +30,7 @@ import * as Ref from "effect/Ref"
 import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import type * as net from "node:net"
+import type { Duplex } from "node:stream"
 import {
   duplexAfter,
   LineSocket,
@@ -197,7 +197,9 @@ const makeHost = Effect.fn("supervisor.host")(function* (
             ? Deferred.await(cancel)
             : Effect.race(
                 Deferred.await(cancel),
-                Effect.sleep(Duration.millis(request.timeoutMs)).pipe(Effect.zipRight(Ref.set(timedOut, true)))
+                Effect.sleep(Duration.millis(request.timeoutMs)).pipe(
+                  Effect.zipRight(Ref.set(timedOut, true))
+                )
               )
         const events =
           tty === undefined || controls === undefined
@@ -228,17 +230,14 @@ const makeHost = Effect.fn("supervisor.host")(function* (
           return
         }
         // interrupted before its end (cancel or timeout): the guest was told to cancel
-        const ended = Option.getOrElse(
-          last.right,
-          (): TurnEnded => ({
-            _tag: "Ended",
-            turn,
-            exitCode: null,
-            signal: null,
-            cancelled: true,
-            timedOut: false
-          })
-        )
+        const ended = Option.getOrElse(last.right, (): TurnEnded => ({
+          _tag: "Ended",
+          turn,
+          exitCode: null,
+          signal: null,
+          cancelled: true,
+          timedOut: false
+        }))
         yield* emit(Option.isNone(last.right) ? { ...ended, timedOut: yield* Ref.get(timedOut) } : ended)
       }).pipe(Effect.scoped)
     )
@@ -341,7 +340,9 @@ const handlers = (
           yield* host.startTurn(clientId, request, deliver, controls)
           return Stream.fromQueue(out).pipe(
             Stream.takeUntil((item) => item._tag === "Ended" || item._tag === "Error"),
-            Stream.mapEffect((item) => (item._tag === "Error" ? Effect.fail(item.error) : Effect.succeed(item)))
+            Stream.mapEffect((item) =>
+              item._tag === "Error" ? Effect.fail(item.error) : Effect.succeed(item)
+            )
           )
         })
       ),
@@ -356,13 +357,16 @@ const handlers = (
       Stream.unwrapScoped(
         Effect.gen(function* () {
           const isTypist =
-            wantsTypist && (yield* Ref.modify(host.typist, (t) => (t === undefined ? [true, clientId] : [false, t])))
+            wantsTypist &&
+            (yield* Ref.modify(host.typist, (t) => (t === undefined ? [true, clientId] : [false, t])))
           if (isTypist)
             yield* Effect.addFinalizer(() => Ref.update(host.typist, (t) => (t === clientId ? undefined : t)))
           const subscription = yield* PubSub.subscribe(host.hub)
           // a turn's start tells its typist that it is theirs
           const mine = (entry: Broadcast): AttachOutput =>
-            entry.item._tag === "Started" && entry.starter === clientId ? { ...entry.item, mine: true } : entry.item
+            entry.item._tag === "Started" && entry.starter === clientId
+              ? { ...entry.item, mine: true }
+              : entry.item
           const replay = (yield* Ref.get(host.running))?.replay.slice() ?? []
           const seen = replay.at(-1)?.seq ?? 0
           return Stream.succeed<AttachOutput>({
@@ -423,7 +427,9 @@ const handlers = (
       const controls = host.turnsOf(client).controls
       return controls === undefined
         ? Effect.void
-        : Effect.raceFirst(Queue.offer(controls.queue, item), Deferred.await(controls.done)).pipe(Effect.asVoid)
+        : Effect.raceFirst(Queue.offer(controls.queue, item), Deferred.await(controls.done)).pipe(
+            Effect.asVoid
+          )
     })
   }
 }
@@ -497,8 +503,54 @@ const handshake = (
     yield* writeLine(socket, encodeWelcome({ type: "welcome", version: CONTROL_VERSION }))
     const duplex = duplexAfter(lines)
     yield* Effect.addFinalizer(() => Effect.sync(() => duplex.destroy()))
-    yield* rpc(yield* NodeSocket.fromDuplex(Effect.succeed(duplex)))
+    yield* rpc(pacedSocket(duplex))
   })
+
+/**
+ * The connection as @effect/platform's Socket, read one chunk at a time: the next chunk is read
+ * only once the RPC server has taken the last one's messages, so a client that floods requests
+ * waits (its writes stay in the kernel) instead of the supervisor buffering them.
+ */
+const pacedSocket = (duplex: Duplex): Socket.Socket => {
+  const runRaw = <_, E, R>(
+    handler: (chunk: string | Uint8Array) => Effect.Effect<_, E, R> | void,
+    options?: { readonly onOpen?: Effect.Effect<void> | undefined }
+  ) =>
+    Effect.gen(function* () {
+      if (options?.onOpen !== undefined) yield* options.onOpen
+      yield* Stream.fromAsyncIterable(
+        duplex as AsyncIterable<Uint8Array>,
+        (cause) => new Socket.SocketGenericError({ reason: "Read", cause })
+      ).pipe(
+        Stream.runForEach((chunk) => {
+          const result = handler(chunk)
+          return Effect.isEffect(result) ? Effect.asVoid(result) : Effect.void
+        })
+      )
+    })
+  const write = (chunk: Uint8Array | string | Socket.CloseEvent) =>
+    Socket.isCloseEvent(chunk)
+      ? Effect.sync(() => void duplex.destroy())
+      : Effect.async<void, Socket.SocketError>((resume) => {
+          duplex.write(chunk, (error) =>
+            resume(
+              error === undefined || error === null
+                ? Effect.void
+                : Effect.fail(new Socket.SocketGenericError({ reason: "Write", cause: error }))
+            )
+          )
+        })
+  return {
+    [Socket.TypeId]: Socket.TypeId,
+    runRaw,
+    run: (handler, options) =>
+      runRaw(
+        (chunk) => handler(typeof chunk === "string" ? new TextEncoder().encode(chunk) : chunk),
+        options
+      ),
+    writer: Effect.succeed(write)
+  }
+}
 
 /**
  * Serves `session` on its control socket until stopped (returns the reason) or interrupted.
@@ -528,7 +580,10 @@ const serve = Effect.fn("supervisor.serve")(function* (
     address: { _tag: "UnixAddress", path: socketPath },
     run: (handler) =>
       Effect.zipRight(
-        Deferred.succeed(onSocket, handler as (socket: Socket.Socket) => Effect.Effect<unknown, unknown, unknown>),
+        Deferred.succeed(
+          onSocket,
+          handler as (socket: Socket.Socket) => Effect.Effect<unknown, unknown, unknown>
+        ),
         Effect.never
       )
   })

@@ -35,7 +35,13 @@ import {
   ProtocolError,
   TtyUnsupported
 } from "./GuestRpc.js"
-import { ControlError, MAX_CONTROL_LINE, MAX_REMOTE_FILE_BYTES, TurnRequest, ErrorFields } from "../protocol/Control.js"
+import {
+  ControlError,
+  MAX_CONTROL_LINE,
+  MAX_REMOTE_FILE_BYTES,
+  TurnRequest,
+  ErrorFields
+} from "../protocol/Control.js"
 export { CONTROL_VERSION, ControlVersionMismatch } from "../protocol/Control.js"
 import { AgentEvent, Hello, TurnSignalName } from "../protocol/Messages.js"
 
@@ -215,7 +221,9 @@ export class ControlRpcs extends RpcGroup.make(
     payload: {
       path: Schema.String,
       data: Schema.Uint8ArrayFromBase64.pipe(
-        Schema.filter((bytes) => bytes.length <= MAX_REMOTE_FILE_BYTES || `more than ${MAX_REMOTE_FILE_BYTES} bytes`)
+        Schema.filter(
+          (bytes) => bytes.length <= MAX_REMOTE_FILE_BYTES || `more than ${MAX_REMOTE_FILE_BYTES} bytes`
+        )
       ),
       mode: Schema.optional(Schema.Int.pipe(Schema.between(0, 0o7777)))
     },
@@ -251,7 +259,11 @@ export const controlSerialization: RpcSerialization.RpcSerialization["Type"] = (
             throw new LineRefused(cause)
           }
           for (const item of items)
-            if (typeof item !== "object" || item === null || typeof (item as { _tag?: unknown })._tag !== "string")
+            if (
+              typeof item !== "object" ||
+              item === null ||
+              typeof (item as { _tag?: unknown })._tag !== "string"
+            )
               throw new LineRefused("not a message")
           return items
         }

@@ -59,7 +59,11 @@ export interface SessionRepo<E, R = never> {
   ) => Effect.Effect<{ readonly files: number; readonly bytes: number }, E, R>
   readonly readFile: (guestPath: string) => Effect.Effect<Uint8Array, E, R>
   /** the bytes written */
-  readonly writeFile: (guestPath: string, data: Uint8Array | string, mode?: number) => Effect.Effect<number, E, R>
+  readonly writeFile: (
+    guestPath: string,
+    data: Uint8Array | string,
+    mode?: number
+  ) => Effect.Effect<number, E, R>
   readonly listFiles: (guestPath?: string) => Effect.Effect<ReadonlyArray<RepoEntry>, E, R>
 }
 
