@@ -4,13 +4,11 @@
  * (replay, one typist), a client that goes away mid-turn, cancel, timeout, stop, the idle
  * timeout (TestClock), a stale control socket.
  */
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
-import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
@@ -19,12 +17,6 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
-import * as FakeVmm from "../src/layers/FakeVmm.js"
-import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { HttpsBrokerLive } from "../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { REPO_CHUNK, type TurnRequest } from "../src/protocol/Control.js"
 import type { AttachOutput, TurnOutput } from "../src/services/ControlRpc.js"
 import {
@@ -40,20 +32,12 @@ import type { TtyControl } from "../src/services/GuestRpc.js"
 import { open, resume } from "../src/programs/session.js"
 import { supervise } from "../src/programs/supervisor.js"
 import { controlSocketPath } from "../src/lib/socketPath.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { processesMentioning } from "./support/processes.js"
+import { fakeLifecycle } from "./support/fakeLifecycle.js"
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
-const layerFor = (home: string) =>
-  Layer.mergeAll(
-    SessionStoreLive,
-    RuntimeLockLive,
-    GuestRpcLive,
-    HttpsBrokerLive,
-    FakeVmm.layer,
-    FakeImages
-  ).pipe(Layer.provideMerge(aboxPathsAt(home)), Layer.provideMerge(NodeFileSystem.layer))
+const layerFor = (home: string) => fakeLifecycle(home)
 
 const source = () => {
   const dir = tempDir("abox-src-")
@@ -248,6 +232,12 @@ describe("detached supervisor (FakeVmm)", () => {
         // a request past the bound of a line, after the hello: the connection is closed
         const long = yield* raw(Buffer.concat([Buffer.from(hello), Buffer.alloc(5 * 1024 * 1024, 0x61)]))
         expect(long).toBe('{"type":"welcome","version":2}\n')
+        expect((yield* status("sup")).sessionId).toBe(sessionId)
+
+        // a Stop that suspends, where the VM cannot be saved (FakeVmm): refused with its typed
+        // error, and the session runs on
+        const refused = yield* stop("sup", { suspend: true }).pipe(Effect.flip)
+        expect(refused._tag).toBe("SnapshotUnsupported")
         expect((yield* status("sup")).sessionId).toBe(sessionId)
 
         // stop: the requester hears "stopping", then its connection ends only once Close is done

@@ -64,7 +64,14 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   PatchFailed: 98,
   MergeConflicts: 102,
   // detached sessions: the client and the supervisor speak different control protocol versions
-  ControlVersionMismatch: 103
+  ControlVersionMismatch: 103,
+  // image import: the archive is not an image abox takes, or breaks a rule of untrusted input
+  ImageImportRefused: 110,
+  // environments (docs/environments.md): the repository's environment file does not decode; its
+  // setup failed (no image made); its install command failed after Open (nothing kept)
+  EnvironmentInvalid: 111,
+  EnvironmentSetupFailed: 112,
+  EnvironmentInstallFailed: 113
 }
 
 /** anything without its own code */

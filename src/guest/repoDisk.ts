@@ -55,7 +55,12 @@ export const baselineDir = (stateDir: string): string => path.join(stateDir, "ba
  * repository disk that does not mount is an error (the session's work is on it); no disk at all
  * is the tar path (sessions made before repository disks, or backends without them).
  */
-export const mountRepoDisks = async (repoDir: string, stateDir: string): Promise<RepoDisks> => {
+export const mountRepoDisks = async (
+  repoDir: string,
+  stateDir: string,
+  /** an environment's setup VM: the repository is read, never written */
+  readOnly = false
+): Promise<RepoDisks> => {
   let names: Array<string>
   try {
     names = (await fs.readdir("/sys/block")).filter((name) => /^vd[a-z]+$/.test(name))
@@ -73,7 +78,14 @@ export const mountRepoDisks = async (repoDir: string, stateDir: string): Promise
     // nosuid/nodev: the repository holds the user's files, never the guest's privileges;
     // noinit_itable: the kernel's lazy inode-table zeroing would write the whole table under TCG
     // discard: deletes free the host's blocks of the overlay (the drive has discard=unmap)
-    await run("mount", ["-t", "ext4", "-o", "noatime,nosuid,nodev,noinit_itable,discard", repo, repoDir])
+    await run("mount", [
+      "-t",
+      "ext4",
+      "-o",
+      readOnly ? "ro,noload,nosuid,nodev" : "noatime,nosuid,nodev,noinit_itable,discard",
+      repo,
+      repoDir
+    ])
   }
   if (base !== undefined) {
     const dir = baselineDir(stateDir)

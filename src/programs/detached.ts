@@ -6,6 +6,7 @@
  */
 import * as NodeSocket from "@effect/platform-node/NodeSocket"
 import * as Socket from "@effect/platform/Socket"
+import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as RpcClient from "@effect/rpc/RpcClient"
 import type { RpcClientError } from "@effect/rpc/RpcClientError"
 import * as RpcSerialization from "@effect/rpc/RpcSerialization"
@@ -123,7 +124,9 @@ export const SuperviseSpec = Schema.Struct({
     Schema.Struct({
       source: Schema.String,
       name: Schema.optional(Schema.String),
-      image: Schema.optional(Schema.String)
+      image: Schema.optional(Schema.String),
+      /** `--allow-env-hosts`: grant the hosts the repository's environment asks for */
+      allowEnvHosts: Schema.optional(Schema.Boolean)
     })
   ),
   resume: Schema.optional(Schema.String),
@@ -322,6 +325,8 @@ export interface StopOptions {
   readonly timeout?: Duration.DurationInput | undefined
   /** after SIGTERM, how long before SIGKILL (default 30 s) */
   readonly terminateWait?: Duration.DurationInput | undefined
+  /** save the VM's memory first (`abox suspend`): the next start restores it */
+  readonly suspend?: boolean | undefined
 }
 
 /** is a process with this pid still there? */
@@ -352,13 +357,13 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
     Effect.gen(function* () {
       const { client } = yield* connect(ref)
       // `Stopping`, then nothing until the connection ends with the process
-      const replies = yield* Stream.toPull(client.Stop())
+      const replies = yield* Stream.toPull(client.Stop({ suspend: options.suspend === true }))
       const first = yield* replies.pipe(
         Effect.mapError(
           Option.match({
             onNone: () =>
               new ControlError({ reason: "closed", message: "the supervisor closed the connection" }),
-            onSome: connectionLost
+            onSome: (error) => (error._tag === "RpcClientError" ? connectionLost(error) : error)
           })
         )
       )
@@ -581,5 +586,5 @@ type ErrorsOf<T> = {
 /** a session's repository on either side */
 export type AnyRepo = SessionRepo<
   ErrorsOf<ReturnType<typeof Repo.localRepo>> | ErrorsOf<Omit<RemoteSession, "turn">>,
-  SessionStore
+  SessionStore | CommandExecutor.CommandExecutor
 >

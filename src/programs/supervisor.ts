@@ -67,11 +67,13 @@ import * as Repo from "./repo.js"
 import type { Session } from "./session.js"
 
 /** why a supervisor closed: asked to, idle, or its guest went away (the VM died) */
-export type StopReason = "stop" | "idle" | "guest-gone"
+export type StopReason = "stop" | "suspend" | "idle" | "guest-gone"
 
 export interface ServeOptions {
   /** close after this long with no client connected and no turn running (default: never) */
   readonly idleTimeout?: Duration.DurationInput | undefined
+  /** what the idle timeout does: suspend (default; a stop where the session cannot) or stop */
+  readonly idleAction?: "suspend" | "stop" | undefined
   /** what an attached typist's line is (told in `Attached`): "shell" when the session has an agent command */
   readonly lines?: "prompt" | "shell" | undefined
   /** told once the control socket listens */
@@ -306,10 +308,18 @@ const handlers = (
         }
       }),
     // the caller hears the end: its connection stays open until this process exits (after Close)
-    Stop: () =>
-      Stream.concat(
-        Stream.make({ _tag: "Stopping" as const, pid: process.pid }),
-        Stream.fromEffect(Deferred.succeed(info.stopped, "stop")).pipe(Stream.zipRight(Stream.never))
+    // with suspend, the memory is saved first: refused (a turn runs, an old guest), the session runs on
+    Stop: ({ suspend }) =>
+      Stream.unwrap(
+        Effect.as(
+          suspend === true ? session.suspend : Effect.void,
+          Stream.concat(
+            Stream.make({ _tag: "Stopping" as const, pid: process.pid }),
+            Stream.fromEffect(Deferred.succeed(info.stopped, suspend === true ? "suspend" : "stop")).pipe(
+              Stream.zipRight(Stream.never)
+            )
+          )
+        )
       ),
     Turn: (request, { clientId }) =>
       Stream.unwrapScoped(
@@ -553,6 +563,19 @@ const pacedSocket = (duplex: Duplex): Socket.Socket => {
 }
 
 /**
+ * What the idle timeout does: suspend the session (the default; a stop where it cannot, said in
+ * the log) or stop it. Not interrupted by a client that connects meanwhile: the save runs to its end.
+ */
+const onIdle = (session: Session, options: ServeOptions, stopped: Deferred.Deferred<StopReason>) =>
+  (options.idleAction === "stop"
+    ? Effect.void
+    : session.suspend.pipe(
+        Effect.tapError((error) => Effect.logWarning(`idle: not suspended, stopping: ${error.message}`)),
+        Effect.ignore
+      )
+  ).pipe(Effect.zipRight(Deferred.succeed(stopped, "idle")), Effect.asVoid, Effect.uninterruptible)
+
+/**
  * Serves `session` on its control socket until stopped (returns the reason) or interrupted.
  * Turns are tied to the caller's scope (closing it ends them, then the session's own finalizers,
  * Close, run); connections and the RPC server to `outer`, which closes after Close, so a client
@@ -571,7 +594,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
   const idle =
     options.idleTimeout === undefined
       ? { begin: Effect.void, end: Effect.void, touch: Effect.void }
-      : yield* idleTimeout(options.idleTimeout, Deferred.succeed(stopped, "idle").pipe(Effect.asVoid))
+      : yield* idleTimeout(options.idleTimeout, onIdle(session, options, stopped))
   const host = yield* makeHost(session, stopped, idle)
 
   // the RPC server, fed the connections that passed their handshake

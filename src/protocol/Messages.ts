@@ -115,7 +115,12 @@ export const Hello = msg("hello", {
    * host → guest message types beyond the first v4 set that this guest understands; the host
    * sends such a message only when it is listed here (`export`: export_begin)
    */
-  features: Schema.optional(Schema.Array(Schema.String))
+  features: Schema.optional(Schema.Array(Schema.String)),
+  /**
+   * the highest channel id the host has opened on this guest so far (a hello that answers
+   * `resumed`): the host opens above it, since ids are never reused
+   */
+  hostChannel: Schema.optional(Schema.Int.pipe(Schema.between(0, 0x7fffffff)))
 })
 
 /** hello.features: the guest understands export_begin (and keeps a baseline) */
@@ -129,6 +134,11 @@ export const FEATURE_TTY = "tty"
 export const FEATURE_OUTPUT = "output"
 /** hello.features: the guest honours `user_turn.limits` (a prompt turn's max steps and max cost) */
 export const FEATURE_LIMITS = "limits"
+/**
+ * hello.features: the guest answers `resumed` with a new hello and ready; the host saves the
+ * memory of such a guest only (`abox suspend`, `abox fork`)
+ */
+export const FEATURE_RESUME = "resume"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
@@ -190,7 +200,15 @@ export const TurnInput = msg("turn_input", { turn: Schema.Number, data: Base64 }
 /** host → guest (FEATURE_TTY): the client's terminal changed size */
 export const TurnResize = msg("turn_resize", { turn: Schema.Number, rows: TermSize, cols: TermSize })
 /** the signals a tty turn's command may be sent (turn_signal) */
-export const TurnSignalName = Schema.Literal("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2")
+export const TurnSignalName = Schema.Literal(
+  "SIGINT",
+  "SIGTERM",
+  "SIGHUP",
+  "SIGQUIT",
+  "SIGKILL",
+  "SIGUSR1",
+  "SIGUSR2"
+)
 /** host → guest (FEATURE_TTY): a signal to a running tty turn's command */
 export const TurnSignal = msg("turn_signal", { turn: Schema.Number, signal: TurnSignalName })
 export const TransferBegin = msg("transfer_begin", {
@@ -220,6 +238,22 @@ export const ExportBegin = msg("export_begin", {
   changed: Schema.optional(Schema.Boolean)
 })
 export const Shutdown = msg("shutdown", {})
+/**
+ * host → guest, the first message on a connection to a VM restored from its saved memory (the
+ * guest never knew it stopped): the host's clock and fresh entropy. The guest sets its clock,
+ * mixes the entropy into its kernel pool, and answers with a new hello (with `hostChannel`) and
+ * ready; the conversation goes on from there.
+ */
+export const Resumed = msg("resumed", {
+  unixMillis: Schema.Number,
+  /** base64 of 32 to 512 random bytes */
+  entropy: Schema.String.pipe(Schema.maxLength(1024)),
+  /**
+   * a fork's own broker CA (PEM): the guest trusts it instead of the one its config disk gave
+   * at boot (the parent's)
+   */
+  brokerCaCert: Schema.optional(Schema.String.pipe(Schema.maxLength(16384)))
+})
 export const TunnelAccept = msg("tunnel_accept", { channel: Schema.Number })
 export const TunnelDeny = msg("tunnel_deny", { channel: Schema.Number, reason: Schema.String })
 
@@ -253,6 +287,7 @@ export const ControlMessage = Schema.Union(
   TransferBegin,
   ExportBegin,
   Shutdown,
+  Resumed,
   TunnelAccept,
   TunnelDeny,
   TunnelClose,

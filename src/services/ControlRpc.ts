@@ -18,6 +18,9 @@ import * as RpcGroup from "@effect/rpc/RpcGroup"
 import * as RpcSerialization from "@effect/rpc/RpcSerialization"
 import * as Schema from "effect/Schema"
 import { SourceInvalid, TransferFailed } from "../domain/transfer.js"
+import { SnapshotUnsupported, SuspendRefused } from "../domain/memoryState.js"
+import { VmmError } from "../domain/vm.js"
+import { StoreIoError } from "./SessionStore.js"
 import {
   ArchiveRefused,
   MergeConflicts,
@@ -75,6 +78,8 @@ export const RepoRpcError = Schema.Union(
   ControlError
 )
 export { ForwardRefused }
+/** what a Stop that suspends may fail with (src/programs/suspend.ts): refused, the session runs on */
+export const SuspendRpcError = Schema.Union(SuspendRefused, SnapshotUnsupported, VmmError, StoreIoError)
 
 // ---- successes ----
 
@@ -145,9 +150,15 @@ const HostPath = Schema.String.pipe(
 
 export class ControlRpcs extends RpcGroup.make(
   Rpc.make("Status", { success: StatusInfo }),
-  /** `Stopping` at once; the stream then ends only with the connection, when the process exits after Close */
+  /**
+   * `Stopping` at once; the stream then ends only with the connection, when the process exits
+   * after Close. With `suspend` the VM's memory is saved first (the next start restores it): a
+   * refused save fails the call and the session runs on.
+   */
   Rpc.make("Stop", {
+    payload: { suspend: Schema.optional(Schema.Boolean) },
     success: Schema.TaggedStruct("Stopping", { pid: Schema.Number }),
+    error: SuspendRpcError,
     stream: true
   }),
   /**

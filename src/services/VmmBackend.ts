@@ -2,7 +2,16 @@ import * as Context from "effect/Context"
 import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import type { GuestArch, VmmBackendName } from "../domain/session.js"
-import type { DiskFormat, RepoDiskFormat, VmHandle, VmmError, VmmUnavailable, VmSpec } from "../domain/vm.js"
+import type { SnapshotUnsupported, StateMismatch } from "../domain/memoryState.js"
+import type {
+  DiskFormat,
+  RepoDiskFormat,
+  RestoreSpec,
+  VmHandle,
+  VmmError,
+  VmmUnavailable,
+  VmSpec
+} from "../domain/vm.js"
 
 /**
  * Starts a VM. The handle is scoped: its finalizer is the VMM half of Close (bounded wait for
@@ -13,6 +22,15 @@ export interface VmmBackendShape {
   readonly name: VmmBackendName
   readonly arch: GuestArch
   readonly start: (spec: VmSpec) => Effect.Effect<VmHandle, VmmError | VmmUnavailable, Scope.Scope>
+  /**
+   * start the VM from a saved memory state (VmHandle.saveState) instead of booting it: processes
+   * go on where they were. StateMismatch (checked before anything starts) or a VmmError (the load
+   * failed; that VM is closed again): the caller boots instead. Absent: SnapshotUnsupported.
+   */
+  readonly restore?: (
+    spec: VmSpec,
+    state: RestoreSpec
+  ) => Effect.Effect<VmHandle, VmmError | VmmUnavailable | StateMismatch | SnapshotUnsupported, Scope.Scope>
   /** the repository disk format this backend attaches; absent: none (the snapshot goes as a tar) */
   readonly repoDiskFormat?: RepoDiskFormat
   /**

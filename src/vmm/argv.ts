@@ -18,6 +18,13 @@ export interface QemuArgvInput {
   readonly memoryMiB: number
   readonly kernelArgs?: ReadonlyArray<string> | undefined
   readonly repoDisks?: RepoDisks | undefined
+  /**
+   * the machine type; default the newest of its family (`q35`, `virt`). A restore pins the
+   * versioned type its state was saved under (src/vmm/migration.ts)
+   */
+  readonly machine?: string | undefined
+  /** start paused, waiting for `migrate-incoming` over QMP (a restore) */
+  readonly incoming?: boolean | undefined
 }
 
 export const qemuBinary = (arch: GuestArch): string =>
@@ -35,7 +42,7 @@ export const escapeOptionValue = (value: string): string => value.replaceAll(","
  */
 export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
   const x86 = input.arch === "x86_64"
-  const machine = x86 ? `q35,accel=${input.accel}` : `virt,accel=${input.accel}`
+  const machine = `${input.machine ?? (x86 ? "q35" : "virt")},accel=${input.accel}`
   const cpu = input.accel === "tcg" ? "max" : "host"
   const console = x86 ? "ttyS0" : "ttyAMA0"
   const append = [`console=${console}`, "quiet", "panic=-1", ...(input.kernelArgs ?? [])].join(" ")
@@ -100,7 +107,8 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "-monitor",
     "none",
     "-display",
-    "none"
+    "none",
+    ...(input.incoming === true ? ["-incoming", "defer"] : [])
   ]
 }
 

@@ -3,18 +3,21 @@
  * handshake (hello, version check, ready), and the operations; the connection's scope ends with
  * Close's first step (shutdown), then the mux is destroyed.
  */
+import * as Clock from "effect/Clock"
 import * as Data from "effect/Data"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as crypto from "node:crypto"
 import type { Duplex } from "node:stream"
 import { type HelloMessage, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../../protocol/Messages.js"
 import {
   type GuestConnection,
   type GuestRpcError,
   type GuestRpcOptions,
+  type ResumeOptions,
   GuestTimeout,
   GuestTooNew,
   GuestTooOld
@@ -104,7 +107,8 @@ const handshake = (
 
 export const connect = (
   socket: Duplex,
-  options: GuestRpcOptions
+  options: GuestRpcOptions,
+  resumed?: ResumeOptions
 ): Effect.Effect<GuestConnection, GuestRpcError | ClosedBeforeHello, Scope.Scope> =>
   Effect.gen(function* () {
     const link = yield* MuxAdapter.make(socket, {
@@ -120,13 +124,24 @@ export const connect = (
         Effect.ensuring(link.destroy)
       )
     )
+    // a VM restored from its saved memory: the guest speaks once it hears `resumed`
+    if (resumed !== undefined) {
+      const unixMillis = yield* Clock.currentTimeMillis
+      yield* link.send({
+        type: "resumed",
+        unixMillis,
+        entropy: crypto.randomBytes(64).toString("base64"),
+        ...(resumed.brokerCaCert === undefined ? {} : { brokerCaCert: resumed.brokerCaCert })
+      })
+    }
     // a failed handshake closes the connection at once
     const hello = yield* handshake(link, dispatcher, options.helloTimeout).pipe(
       Effect.tapError(() => link.close)
     )
 
     // channel ids the host opens: even, counting up (the guest's tunnels are odd)
-    let nextChannel = 2
+    // (after a resume: above what the host opened before, ids are never reused)
+    let nextChannel = hello.hostChannel === undefined ? 2 : hello.hostChannel + 2 - (hello.hostChannel % 2)
     const channelId = () => {
       const id = nextChannel
       nextChannel += 2
