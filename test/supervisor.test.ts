@@ -227,11 +227,33 @@ describe("detached supervisor (FakeVmm)", () => {
         })
         expect(yield* raw(Buffer.alloc(5 * 1024 * 1024, 0x61))).toBe("")
         const hello = '{"type":"hello","version":2}\n'
+        // after the hello, a line that is not a message, or past the bound of a line: the client is
+        // told why (a Defect, which fails its calls) and the connection is closed
+        const welcome = '{"type":"welcome","version":2}'
+        const refusal = (text: string) => {
+          const lines = text.split("\n")
+          expect([lines[0], lines.at(-1)]).toEqual([welcome, ""])
+          // the last line before the close (an Attach's first element may come before it)
+          return JSON.parse(lines.at(-2)!) as { _tag: string; defect: string }
+        }
         const flooded = yield* raw(Buffer.concat([Buffer.from(hello), Buffer.alloc(8 << 20, 10)]))
-        expect(flooded).toBe('{"type":"welcome","version":2}\n')
-        // a request past the bound of a line, after the hello: the connection is closed
+        expect(refusal(flooded)).toMatchObject({
+          _tag: "Defect",
+          defect: expect.stringContaining("not a control message")
+        })
         const long = yield* raw(Buffer.concat([Buffer.from(hello), Buffer.alloc(5 * 1024 * 1024, 0x61)]))
-        expect(long).toBe('{"type":"welcome","version":2}\n')
+        expect(refusal(long)).toMatchObject({
+          _tag: "Defect",
+          defect: expect.stringContaining("not a control message")
+        })
+        // a request of a tag the control plane does not have, and an id sent twice while in flight
+        const request = (id: string, tag: string, payload: unknown) =>
+          `${JSON.stringify({ _tag: "Request", id, tag, payload, headers: [] })}\n`
+        expect(refusal(yield* raw(hello + request("1", "Shell", {})))).toMatchObject({
+          defect: expect.stringContaining("not a request of the control plane: Shell")
+        })
+        const twice = request("7", "Attach", { typist: false })
+        expect(refusal(yield* raw(hello + twice + twice)).defect).toContain("request id 7 is in use")
         expect((yield* status("sup")).sessionId).toBe(sessionId)
 
         // a Stop that suspends, where the VM cannot be saved (FakeVmm): refused with its typed
@@ -507,8 +529,11 @@ describe("detached supervisor (FakeVmm)", () => {
                       c.write(JSON.stringify({ type: "welcome", version: 2 }) + "\n")
                     } else if (line._tag === "Request" && line.tag === "Stop")
                       c.write(
-                        JSON.stringify({ _tag: "Chunk", requestId: line.id, values: [{ _tag: "Stopping", pid }] }) +
-                          "\n"
+                        JSON.stringify({
+                          _tag: "Chunk",
+                          requestId: line.id,
+                          values: [{ _tag: "Stopping", pid }]
+                        }) + "\n"
                       )
                   }
                 })

@@ -13,10 +13,7 @@
  * not of the client that asked for it: a client that goes away without `Cancel` leaves its turn
  * running, and watchers (`Attach`) see it to its end.
  */
-import * as RpcSerialization from "@effect/rpc/RpcSerialization"
 import * as RpcServer from "@effect/rpc/RpcServer"
-import * as Socket from "@effect/platform/Socket"
-import * as SocketServer from "@effect/platform/SocketServer"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
@@ -56,13 +53,13 @@ import {
 import {
   type AttachOutput,
   ControlRpcs,
-  controlSerialization,
   type TurnEnded,
   type TurnOutput
 } from "../services/ControlRpc.js"
 import type { TtyControl } from "../services/GuestRpc.js"
 import { RepoPathInvalid } from "../domain/repoErrors.js"
 import { idleTimeout } from "./idle.js"
+import { makeControlProtocol } from "./controlProtocol.js"
 import * as Repo from "./repo.js"
 import type { Session } from "./session.js"
 
@@ -480,7 +477,7 @@ const forward = (session: Session, port: number, lines: LineSocket) =>
 const handshake = (
   session: Session,
   socket: net.Socket,
-  rpc: (socket: Socket.Socket) => Effect.Effect<void, never, Scope.Scope>
+  rpc: (duplex: Duplex) => Effect.Effect<void, ControlError, Scope.Scope>
 ) =>
   Effect.gen(function* () {
     const lines = new LineSocket(socket)
@@ -513,54 +510,8 @@ const handshake = (
     yield* writeLine(socket, encodeWelcome({ type: "welcome", version: CONTROL_VERSION }))
     const duplex = duplexAfter(lines)
     yield* Effect.addFinalizer(() => Effect.sync(() => duplex.destroy()))
-    yield* rpc(pacedSocket(duplex))
+    yield* rpc(duplex)
   })
-
-/**
- * The connection as @effect/platform's Socket, read one chunk at a time: the next chunk is read
- * only once the RPC server has taken the last one's messages, so a client that floods requests
- * waits (its writes stay in the kernel) instead of the supervisor buffering them.
- */
-const pacedSocket = (duplex: Duplex): Socket.Socket => {
-  const runRaw = <_, E, R>(
-    handler: (chunk: string | Uint8Array) => Effect.Effect<_, E, R> | void,
-    options?: { readonly onOpen?: Effect.Effect<void> | undefined }
-  ) =>
-    Effect.gen(function* () {
-      if (options?.onOpen !== undefined) yield* options.onOpen
-      yield* Stream.fromAsyncIterable(
-        duplex as AsyncIterable<Uint8Array>,
-        (cause) => new Socket.SocketGenericError({ reason: "Read", cause })
-      ).pipe(
-        Stream.runForEach((chunk) => {
-          const result = handler(chunk)
-          return Effect.isEffect(result) ? Effect.asVoid(result) : Effect.void
-        })
-      )
-    })
-  const write = (chunk: Uint8Array | string | Socket.CloseEvent) =>
-    Socket.isCloseEvent(chunk)
-      ? Effect.sync(() => void duplex.destroy())
-      : Effect.async<void, Socket.SocketError>((resume) => {
-          duplex.write(chunk, (error) =>
-            resume(
-              error === undefined || error === null
-                ? Effect.void
-                : Effect.fail(new Socket.SocketGenericError({ reason: "Write", cause: error }))
-            )
-          )
-        })
-  return {
-    [Socket.TypeId]: Socket.TypeId,
-    runRaw,
-    run: (handler, options) =>
-      runRaw(
-        (chunk) => handler(typeof chunk === "string" ? new TextEncoder().encode(chunk) : chunk),
-        options
-      ),
-    writer: Effect.succeed(write)
-  }
-}
 
 /**
  * What the idle timeout does: suspend the session (the default; a stop where it cannot, said in
@@ -597,36 +548,18 @@ const serve = Effect.fn("supervisor.serve")(function* (
       : yield* idleTimeout(options.idleTimeout, onIdle(session, options, stopped))
   const host = yield* makeHost(session, stopped, idle)
 
-  // the RPC server, fed the connections that passed their handshake
-  const onSocket = yield* Deferred.make<(socket: Socket.Socket) => Effect.Effect<unknown, unknown, unknown>>()
-  const socketServer = SocketServer.SocketServer.of({
-    address: { _tag: "UnixAddress", path: socketPath },
-    run: (handler) =>
-      Effect.zipRight(
-        Deferred.succeed(
-          onSocket,
-          handler as (socket: Socket.Socket) => Effect.Effect<unknown, unknown, unknown>
-        ),
-        Effect.never
-      )
-  })
-  const protocol = yield* RpcServer.makeProtocolSocketServer.pipe(
-    Effect.provideService(SocketServer.SocketServer, socketServer),
-    Effect.provideService(RpcSerialization.RpcSerialization, controlSerialization),
-    Scope.extend(outer)
-  )
+  // the RPC server, fed the connections that passed their handshake (programs/controlProtocol.ts)
+  const control = yield* makeControlProtocol
   const context = yield* ControlRpcs.toHandlersContext(
     Effect.succeed(handlers(session, host, options, { startedAt, clients, stopped }))
   )
-  yield* RpcServer.make(ControlRpcs).pipe(
+  // no span per request: a flood of small requests would make one each
+  yield* RpcServer.make(ControlRpcs, { disableTracing: true }).pipe(
     Effect.provide(context),
-    Effect.provideService(RpcServer.Protocol, protocol),
+    Effect.provideService(RpcServer.Protocol, control.protocol),
     Effect.interruptible,
     Effect.forkIn(outer)
   )
-  const handleSocket = yield* Deferred.await(onSocket)
-  const rpc = (socket: Socket.Socket) =>
-    (handleSocket(socket) as Effect.Effect<unknown, unknown, Scope.Scope>).pipe(Effect.ignore)
 
   const connection = (socket: net.Socket, id: number) =>
     Effect.gen(function* () {
@@ -639,7 +572,7 @@ const serve = Effect.fn("supervisor.serve")(function* (
           idle.end
         )
       )
-      yield* handshake(session, socket, rpc)
+      yield* handshake(session, socket, control.serve)
     }).pipe(
       Effect.scoped,
       Effect.catchAll((error) => Effect.logDebug("control connection", id, error.message))
