@@ -43,7 +43,8 @@ const runsAlone = {
   stop: () => import("./commands/detached.js").then((m) => alone(m.stopCommand)),
   suspend: () => import("./commands/detached.js").then((m) => alone(m.suspendCommand)),
   forward: () => import("./commands/detached.js").then((m) => alone(m.forwardCommand)),
-  start: () => import("./commands/detached.js").then((m) => alone(m.startCommand))
+  start: () => import("./commands/detached.js").then((m) => alone(m.startCommand)),
+  fork: () => import("./commands/fork.js").then((m) => alone(m.forkCommand))
 } satisfies Record<string, () => Promise<CliRun>>
 
 /** the subcommands that run alone */

@@ -71,7 +71,10 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // setup failed (no image made); its install command failed after Open (nothing kept)
   EnvironmentInvalid: 111,
   EnvironmentSetupFailed: 112,
-  EnvironmentInstallFailed: 113
+  EnvironmentInstallFailed: 113,
+  // rm of a session whose frozen layers its forks read (without --force); a fork that cannot be made
+  SessionHasForks: 114,
+  ForkRefused: 115
 }
 
 /** anything without its own code */

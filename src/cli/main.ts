@@ -18,6 +18,7 @@ import {
   superviseCommand,
   suspendCommand
 } from "./commands/detached.js"
+import { forkCommand } from "./commands/fork.js"
 import { aboxCommand, runAbox } from "./root.js"
 
 /** every `abox` subcommand: a new one is an import above and one entry here */
@@ -44,6 +45,7 @@ const subcommands = [
   attachCommand,
   stopCommand,
   suspendCommand,
+  forkCommand,
   forwardCommand,
   superviseCommand
 ] as const

@@ -78,11 +78,13 @@ export interface SaveRequest {
   readonly then: "quit" | "cont"
   readonly imageDigest: string
   /**
-   * while the VM is stopped, before its memory is saved: each drive goes on writing to a new
-   * qcow2 overlay over what it was (`blockdev-snapshot-sync`), which is frozen from then on
+   * while the VM is stopped, before its memory is saved: each drive goes on writing to `overlay`
+   * (made beforehand over what the drive wrote so far, which is frozen from then on), renamed to
+   * `target` once the drive writes it (`blockdev-snapshot-sync`; a fork of a running session)
    */
   readonly snapshotDisks?:
-    ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string }> | undefined
+    | ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string; readonly target: string }>
+    | undefined
 }
 
 export interface VmHandle {

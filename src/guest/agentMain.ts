@@ -209,7 +209,7 @@ const runCommand = (command: string, args: ReadonlyArray<string>): Promise<numbe
  * and a fork's own broker CA in the trust files every turn reads (same paths, new content).
  */
 const onResumed =
-  (flags: GuestFlags, config: GuestConfig) =>
+  (flags: GuestFlags, config: GuestConfig, trust: { pems: ReadonlyArray<string> }) =>
   async (resumed: {
     readonly unixMillis: number
     readonly entropy: string
@@ -221,7 +221,10 @@ const onResumed =
       if (code !== 0) log(`could not set the clock (date exited ${code})`)
     }
     if (resumed.brokerCaCert !== undefined && config.brokerCaCert !== undefined) {
-      await writeCaFiles(flags.run, [resumed.brokerCaCert, ...(config.extraCaCerts ?? [])])
+      const pems = [resumed.brokerCaCert, ...(config.extraCaCerts ?? [])]
+      await writeCaFiles(flags.run, pems)
+      // the model client's next connection trusts it too, and the old CA no longer
+      trust.pems = pems
       log("trusting this session's own broker CA")
     }
   }
@@ -300,6 +303,8 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   }
 
   const proxy = await startEgressProxy(mux, config.right, flags)
+  // the CAs the model client trusts: the boot's, replaced after a restore (`resumed`)
+  const trust = { pems: addedCaPems(config.right) }
   const turnEnvironment = {
     repoDir: flags.repo,
     model: config.right.model,
@@ -325,7 +330,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     env: turnEnv(turnEnvironment),
     messages,
     proxyPort: proxy.port,
-    caPems: addedCaPems(config.right),
+    caPems: () => trust.pems,
     log
   }, slot)
   // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent
@@ -351,7 +356,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     onTunnelMessage: proxy.onTunnelMessage,
     log,
     repoDisk: disks.repo,
-    onResumed: onResumed(flags, config.right),
+    onResumed: onResumed(flags, config.right, trust),
     // in a VM the host may stop it without the guest's help (its supervisor killed): a turn's
     // writes are synced before its end is reported (on the host, FakeVmm, the host's disks are not ours)
     settle: flags.onShutdown === "poweroff" ? () => runCommand("sync", []).then(() => undefined) : undefined

@@ -45,7 +45,8 @@ export interface PromptEnvironment {
   readonly env: Readonly<Record<string, string>>
   readonly messages: ReadonlyArray<unknown>
   readonly proxyPort?: number | undefined
-  readonly caPems?: ReadonlyArray<string> | undefined
+  /** the CAs a model connection trusts besides the system's, asked for each connection */
+  readonly caPems?: ReadonlyArray<string> | (() => ReadonlyArray<string>) | undefined
   readonly log: (line: string) => void
   /** after each completed step of a prompt turn (context.json is saved) */
   readonly onStep?: ((messages: ReadonlyArray<unknown>) => Promise<void>) | undefined

@@ -1,3 +1,4 @@
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as NodePath from "@effect/platform-node/NodePath"
 import * as NodeTerminal from "@effect/platform-node/NodeTerminal"
@@ -31,6 +32,8 @@ const EnvChecked = Layer.effectDiscard(backendEnv)
  */
 export const BaseLive = Layer.mergeAll(SessionStoreLive, SecretScrubberLive, RuntimeLockLive, LogToStderr, EnvChecked).pipe(
   Layer.provideMerge(AboxPathsLive),
+  // qemu-img for rm and gc of sessions with forks (their frozen layers' backing chains)
+  Layer.provideMerge(NodeCommandExecutor.layer),
   Layer.provideMerge(Layer.merge(NodeFileSystem.layer, NodePath.layer)),
   Layer.merge(NodeTerminal.layer)
 )

@@ -392,6 +392,22 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
 })
 
 /**
+/**
+ * A running session frozen for a fork (the `Fork` RPC): its disks become frozen layers, its
+ * memory is saved into `statePath`, it runs on. Returns the frozen layers and the saved state's
+ * manifest.
+ */
+export const freeze = Effect.fn("detached.freeze")(function* (ref: string, statePath: string) {
+  return yield* Effect.scoped(
+    Effect.flatMap(connect(ref), ({ client }) =>
+      client
+        .Fork({ statePath })
+        .pipe(Effect.mapError((error) => (error._tag === "RpcClientError" ? connectionLost(error) : error)))
+    )
+  )
+})
+
+/**
  * One turn in a running session, as the in-process `Session.turn` gives it: the guest's events
  * (their exact bytes rebuilt), then `End`. Interrupting the stream (leaving a loop early)
  * cancels the turn, as in-process. With `tty`, `controls` are its keys, sizes and signals.

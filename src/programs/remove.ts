@@ -6,6 +6,8 @@ import { diskUsage } from "../lib/diskUsage.js"
 import { RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
 import { SessionStore, type NameBinding, type SessionMeta } from "../services/SessionStore.js"
 import type { SessionLocation } from "../domain/sessionLayout.js"
+import { frozenLayersIn } from "../lib/frozenLayers.js"
+import { detachForks, forksOf, SessionHasForks } from "./fork.js"
 
 /** what a removal deletes, told before it happens (the CLI's y/N prompt) and after */
 export type Removal =
@@ -19,6 +21,9 @@ export type Removal =
       readonly meta: SessionMeta | undefined
       /** bytes on disk: the guest disk with everything done in the session, the repository copy, logs */
       readonly bytes: number
+      /** sessions forked from it that read its frozen layers: made independent first (--force) */
+      readonly forks: ReadonlyArray<string>
+      readonly location: SessionLocation
     }
   | {
       /** a dangling name: its session is gone, only the name file goes */
@@ -32,7 +37,8 @@ export type Removal =
 const prepare = Effect.fn("remove.prepare")(function* (
   ref: string,
   session: SessionLocation,
-  names: ReadonlyArray<NameBinding>
+  names: ReadonlyArray<NameBinding>,
+  force = false
 ) {
   const store = yield* SessionStore
   const lock = yield* RuntimeLock
@@ -50,6 +56,15 @@ const prepare = Effect.fn("remove.prepare")(function* (
     )
   }
   const meta = yield* store.get(id).pipe(Effect.orElseSucceed(() => undefined))
+  // forks read its frozen layers: refused, or (force) they are made independent before it goes
+  const forks = (yield* frozenLayersIn(dir)).length === 0 ? [] : yield* forksOf(session)
+  if (forks.length > 0 && !force) {
+    return yield* new SessionHasForks({
+      sessionId: id,
+      forks,
+      message: `session ${id} has forks that read its disks (${forks.join(", ")}): remove them first, or --force makes them independent (their disks rebased off it) and then removes it; nothing was removed`
+    })
+  }
   const removal: Removal = {
     _tag: "Session",
     ref,
@@ -57,7 +72,9 @@ const prepare = Effect.fn("remove.prepare")(function* (
     dir,
     names: names.filter((b) => b.sessionId === id).map((b) => b.name),
     meta,
-    bytes: yield* diskUsage(dir)
+    bytes: yield* diskUsage(dir),
+    forks,
+    location: session
   }
   return removal
 })
@@ -67,7 +84,10 @@ const removeAll = (removals: ReadonlyArray<Removal>) =>
     const store = yield* SessionStore
     for (const removal of removals) {
       if (removal._tag === "Name") yield* store.unbindName(removal.name)
-      else yield* store.remove(removal.id)
+      else {
+        if (removal.forks.length > 0) yield* detachForks(removal.location)
+        yield* store.remove(removal.id)
+      }
     }
   })
 
@@ -80,7 +100,8 @@ const removeAll = (removals: ReadonlyArray<Removal>) =>
  */
 export const remove = <E = never, R = never>(
   refs: ReadonlyArray<string>,
-  confirm: (removals: ReadonlyArray<Removal>) => Effect.Effect<void, E, R> = () => Effect.void
+  confirm: (removals: ReadonlyArray<Removal>) => Effect.Effect<void, E, R> = () => Effect.void,
+  options: { readonly force?: boolean | undefined } = {}
 ) =>
   Effect.scoped(
     Effect.gen(function* () {
@@ -98,7 +119,7 @@ export const remove = <E = never, R = never>(
         }
         if (seen.has(found.right.id)) continue
         seen.add(found.right.id)
-        removals.push(yield* prepare(ref, found.right, names))
+        removals.push(yield* prepare(ref, found.right, names, options.force === true))
       }
       yield* confirm(removals)
       yield* removeAll(removals)
@@ -154,6 +175,12 @@ export const prune = <E = never, R = never>(
           Effect.catchTag("SessionBusy", () =>
             Effect.as(
               Effect.sync(() => skipped.push({ id: row.id, reason: "running" })),
+              Option.none<Removal>()
+            )
+          ),
+          Effect.catchTag("SessionHasForks", (error) =>
+            Effect.as(
+              Effect.sync(() => skipped.push({ id: row.id, reason: `has forks (${error.forks.join(", ")})` })),
               Option.none<Removal>()
             )
           )

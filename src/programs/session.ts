@@ -1,3 +1,4 @@
+import type { CommandExecutor } from "@effect/platform/CommandExecutor"
 import * as Clock from "effect/Clock"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -40,7 +41,15 @@ import { SessionStore, StoreIoError, type SessionMeta } from "../services/Sessio
 import { VmmBackend } from "../services/VmmBackend.js"
 import { VmmError, type CloseBounds, type RepoDisks, type VmHandle, type VmSpec } from "../domain/vm.js"
 import type { StateManifest } from "../domain/memoryState.js"
-import { restoreSaved, suspendVm, SuspendRefused, type SuspendError } from "./suspend.js"
+import {
+  freezeVm,
+  type FreezeError,
+  type Frozen,
+  restoreSaved,
+  suspendVm,
+  SuspendRefused,
+  type SuspendError
+} from "./suspend.js"
 import { hostArch } from "../lib/arch.js"
 import { type BrokerPolicy, withRules } from "../broker/policy.js"
 import {
@@ -86,6 +95,11 @@ export interface Session {
    * resume restores it, processes and all. Close the session's scope afterwards, as ever.
    */
   readonly suspend: Effect.Effect<StateManifest, SuspendError>
+  /**
+   * a fork's first half (src/programs/fork.ts; no turn may run): the disks become frozen layers,
+   * the VM goes on in new overlays over them, its memory saved into `statePath` meanwhile
+   */
+  readonly freeze: (statePath: string) => Effect.Effect<Frozen, FreezeError, CommandExecutor>
   /** this boot restored a saved memory state (false: a cold boot) */
   readonly restored: boolean
 }
@@ -520,6 +534,14 @@ const sessionFrom = (
           )
         : suspendVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "")
     ),
+    freeze: (statePath) =>
+      Effect.suspend(() =>
+        running > 0
+          ? Effect.fail(
+              new SuspendRefused({ reason: "busy", message: "a turn is running: fork once it has ended" })
+            )
+          : freezeVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "", statePath)
+      ),
     restored: booted.restored
   }
 }

@@ -13,6 +13,7 @@
  * not of the client that asked for it: a client that goes away without `Cancel` leaves its turn
  * running, and watchers (`Attach`) see it to its end.
  */
+import * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as RpcServer from "@effect/rpc/RpcServer"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
@@ -286,6 +287,7 @@ const handlers = (
     readonly startedAt: string
     readonly clients: Ref.Ref<number>
     readonly stopped: Deferred.Deferred<StopReason>
+    readonly executor: CommandExecutor.CommandExecutor
   }
 ) => {
   const idleTimeoutMs = options.idleTimeout === undefined ? null : Duration.toMillis(options.idleTimeout)
@@ -318,6 +320,15 @@ const handlers = (
           )
         )
       ),
+    // the fork's first half (src/programs/fork.ts): refused while a turn runs, or by an old guest
+    Fork: ({ statePath }) =>
+      Effect.gen(function* () {
+        const frozen = yield* session.freeze(statePath)
+        const { root, repo } = frozen.frozen
+        if (root === undefined)
+          return yield* new ControlError({ reason: "fork", message: "this session's root disk is not a qcow2 overlay" })
+        return { root, ...(repo === undefined ? {} : { repo }), manifest: frozen.manifest }
+      }).pipe(Effect.provideService(CommandExecutor.CommandExecutor, info.executor)),
     Turn: (request, { clientId }) =>
       Stream.unwrapScoped(
         Effect.gen(function* () {
@@ -551,7 +562,14 @@ const serve = Effect.fn("supervisor.serve")(function* (
   // the RPC server, fed the connections that passed their handshake (programs/controlProtocol.ts)
   const control = yield* makeControlProtocol
   const context = yield* ControlRpcs.toHandlersContext(
-    Effect.succeed(handlers(session, host, options, { startedAt, clients, stopped }))
+    Effect.succeed(
+      handlers(session, host, options, {
+        startedAt,
+        clients,
+        stopped,
+        executor: yield* CommandExecutor.CommandExecutor
+      })
+    )
   )
   // no span per request: a flood of small requests would make one each
   yield* RpcServer.make(ControlRpcs, { disableTracing: true }).pipe(

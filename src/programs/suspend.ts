@@ -22,6 +22,9 @@ import { FEATURE_RESUME, type HelloMessage } from "../protocol/Messages.js"
 import type { VmmBackendShape } from "../services/VmmBackend.js"
 import { readManifest } from "../vmm/migration.js"
 import { StoreIoError } from "../services/SessionStore.js"
+import type { DiskError } from "../domain/image.js"
+import { abandonFreeze, frozenOf, type FrozenLayers, prepareFreeze } from "../lib/frozenLayers.js"
+import { qemuImgTool } from "../lib/rootDisk.js"
 
 export { SuspendRefused }
 
@@ -63,6 +66,56 @@ export const discardSavedState = (dir: string): Effect.Effect<void> =>
     fs.rmSync(files.state, { force: true })
   })
 
+/** a guest that can be restored (resume feature), on a backend that can save its memory */
+const checkSavable = (vm: VmHandle, hello: HelloMessage) =>
+  Effect.gen(function* () {
+    if (hello.features?.includes(FEATURE_RESUME) !== true) {
+      return yield* new SuspendRefused({
+        reason: "guest",
+        message:
+          "this session's guest predates suspend (no resume feature): run image-update and open a new session"
+      })
+    }
+    if (vm.saveState === undefined) {
+      return yield* new SnapshotUnsupported({
+        backend: vm.backend,
+        message: `the ${vm.backend} backend cannot save a VM's memory`
+      })
+    }
+    return vm.saveState
+  })
+
+export type FreezeError = SuspendError | DiskError
+
+/** what a running session's freeze made: its frozen layers and the memory saved at that moment */
+export interface Frozen {
+  readonly frozen: FrozenLayers
+  readonly manifest: StateManifest
+}
+
+/**
+ * A fork of a running session (src/programs/fork.ts): while the VM is stopped its disks become
+ * frozen layers, it goes on in new overlays over them, and its memory is saved into `statePath`
+ * (the fork's); then it runs on. Only an idle guest that understands `resumed`.
+ */
+export const freezeVm = Effect.fn("suspend.freeze")(function* (
+  vm: VmHandle,
+  hello: HelloMessage,
+  dir: string,
+  imageDigest: string,
+  statePath: string
+) {
+  const saveState = yield* checkSavable(vm, hello)
+  const steps = yield* prepareFreeze(yield* qemuImgTool, dir)
+  const manifest = yield* saveState({
+    statePath,
+    then: "cont",
+    imageDigest,
+    snapshotDisks: steps.map((step) => ({ drive: step.drive, overlay: step.next, target: step.active }))
+  }).pipe(Effect.tapError(() => abandonFreeze(steps)))
+  return { frozen: frozenOf(steps), manifest } satisfies Frozen
+})
+
 /**
  * Save the running VM's memory into the session directory and end the VM (it quits; the
  * caller's scope then closes the session as usual). Only an idle guest that understands
@@ -74,22 +127,10 @@ export const suspendVm = Effect.fn("suspend.save")(function* (
   dir: string,
   imageDigest: string
 ) {
-  if (hello.features?.includes(FEATURE_RESUME) !== true) {
-    return yield* new SuspendRefused({
-      reason: "guest",
-      message:
-        "this session's guest predates suspend (no resume feature): run image-update and open a new session"
-    })
-  }
-  if (vm.saveState === undefined) {
-    return yield* new SnapshotUnsupported({
-      backend: vm.backend,
-      message: `the ${vm.backend} backend cannot save a VM's memory`
-    })
-  }
+  const saveState = yield* checkSavable(vm, hello)
   const files = savedStateFiles(dir)
   yield* discardSavedState(dir)
-  const manifest = yield* vm.saveState({ statePath: files.state, then: "quit", imageDigest })
+  const manifest = yield* saveState({ statePath: files.state, then: "quit", imageDigest })
   yield* writeJsonAtomic(files.manifest, StateManifest, manifest).pipe(
     Effect.mapError(
       (e) =>

@@ -18,7 +18,8 @@ import * as RpcGroup from "@effect/rpc/RpcGroup"
 import * as RpcSerialization from "@effect/rpc/RpcSerialization"
 import * as Schema from "effect/Schema"
 import { SourceInvalid, TransferFailed } from "../domain/transfer.js"
-import { SnapshotUnsupported, SuspendRefused } from "../domain/memoryState.js"
+import { SnapshotUnsupported, StateManifest, SuspendRefused } from "../domain/memoryState.js"
+import { DiskError } from "../domain/image.js"
 import { VmmError } from "../domain/vm.js"
 import { StoreIoError } from "./SessionStore.js"
 import {
@@ -80,6 +81,15 @@ export const RepoRpcError = Schema.Union(
 export { ForwardRefused }
 /** what a Stop that suspends may fail with (src/programs/suspend.ts): refused, the session runs on */
 export const SuspendRpcError = Schema.Union(SuspendRefused, SnapshotUnsupported, VmmError, StoreIoError)
+/** what a Fork may fail with (src/programs/suspend.ts `freezeVm`): as a suspend, a disk's tool, a bad request */
+export const ForkRpcError = Schema.Union(
+  SuspendRefused,
+  SnapshotUnsupported,
+  VmmError,
+  StoreIoError,
+  DiskError,
+  ControlError
+)
 
 // ---- successes ----
 
@@ -160,6 +170,20 @@ export class ControlRpcs extends RpcGroup.make(
     success: Schema.TaggedStruct("Stopping", { pid: Schema.Number }),
     error: SuspendRpcError,
     stream: true
+  }),
+  /**
+   * Freeze the running session for a fork (src/programs/fork.ts): its disks become frozen layers
+   * and it goes on in new overlays over them, its memory saved into `statePath` (a file in the
+   * new session's directory) while it is stopped; the frozen layers' paths and the manifest
+   */
+  Rpc.make("Fork", {
+    payload: { statePath: HostPath },
+    success: Schema.Struct({
+      root: Schema.String,
+      repo: Schema.optional(Schema.String),
+      manifest: StateManifest
+    }),
+    error: ForkRpcError
   }),
   /**
    * One turn, of whatever kind the session runs; its `Started`, events, then `Ended`. The turn

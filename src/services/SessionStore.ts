@@ -9,6 +9,22 @@ import type { SessionLocation } from "../domain/sessionLayout.js"
 export const SESSION_FORMAT = 1
 
 /**
+ * Where a fork came from (docs/on-disk.md "Forks and frozen layers"): the parent's id (and name
+ * then), when, and the parent's frozen layers the fork's overlays were made over (absolute
+ * paths; `abox rm --force` of the parent later rebases the fork off them)
+ */
+export const ForkOrigin = Schema.Struct({
+  parent: Schema.String,
+  parentName: Schema.optional(Schema.String),
+  at: Schema.String,
+  root: Schema.String,
+  repo: Schema.optional(Schema.String),
+  /** the parent's state then: running, suspended (the fork got its memory) or stopped */
+  from: Schema.Literal("running", "suspended", "stopped")
+})
+export type ForkOrigin = typeof ForkOrigin.Type
+
+/**
  * `session.json`. `guest` and `vmm` are optional in the schema so that sessions written before
  * that metadata existed still decode, and resume can say precisely why it refuses them.
  */
@@ -31,7 +47,9 @@ export const SessionMeta = Schema.Struct({
   backfilled: Schema.optional(Schema.String),
   /** short socket path used where the session dir is too long for a unix socket (macOS: 104 bytes) */
   rpcSocket: Schema.optional(Schema.String),
-  lastClose: Schema.optional(CloseOutcome)
+  lastClose: Schema.optional(CloseOutcome),
+  /** a fork (`abox fork`): the session it was made from and the frozen layers its disks are over */
+  fork: Schema.optional(ForkOrigin)
 })
 export type SessionMeta = typeof SessionMeta.Type
 

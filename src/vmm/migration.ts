@@ -146,22 +146,28 @@ export const resolveMachine = (qmp: QmpClient, alias: string) =>
 export const DRIVE_IDS = { root: "virtio0", repo: "repo" } as const
 
 /**
- * Each drive goes on writing into a new qcow2 overlay whose backing file is what it wrote to so
- * far (`blockdev-snapshot-sync`, absolute backing paths): that file is frozen from then on
+ * Each drive goes on writing into an overlay made beforehand (`blockdev-snapshot-sync`, mode
+ * `existing`: the overlay names its backing file itself, src/lib/frozenLayers.ts), which is then
+ * renamed to `target` (QEMU's open file follows the rename). Done drive by drive, so that the
+ * disk a drive writes is at every moment the one at `target`'s name or the old one.
  */
 export const snapshotDrives = (
   qmp: QmpClient,
-  drives: ReadonlyArray<{ readonly drive: keyof typeof DRIVE_IDS; readonly overlay: string }>
+  drives: ReadonlyArray<{ readonly drive: keyof typeof DRIVE_IDS; readonly overlay: string; readonly target: string }>
 ) =>
   Effect.forEach(
     drives,
-    ({ drive, overlay }) =>
+    ({ drive, overlay, target }) =>
       run(qmp, `snapshot ${drive}`, "blockdev-snapshot-sync", {
         device: DRIVE_IDS[drive],
         "snapshot-file": overlay,
         format: "qcow2",
-        mode: "absolute-paths"
-      }),
+        mode: "existing"
+      }).pipe(
+        Effect.zipRight(
+          Effect.try({ try: () => fs.renameSync(overlay, target), catch: failed(`rename ${overlay}`) })
+        )
+      ),
     { discard: true }
   )
 

@@ -41,7 +41,12 @@ const HEADER = ["ID", "STATUS", "SIZE", "SHARED", "LAST CLOSE", "CREATED", "MODE
 const sharedCell = (row: ListedSession): string => (row.sharedBytes > 0 ? formatBytes(row.sharedBytes) : "-")
 
 const rowCells = (row: ListedSession): ReadonlyArray<string> => {
-  const tags = [row.legacy ? "legacy" : "", row.names.join(",")].filter((s) => s !== "")
+  const origin = row._tag === "Ok" ? row.meta.fork : undefined
+  const tags = [
+    row.legacy ? "legacy" : "",
+    row.names.join(","),
+    origin === undefined ? "" : `fork of ${origin.parentName ?? origin.parent}`
+  ].filter((s) => s !== "")
   const suffix = tags.length > 0 ? `  [${tags.join("; ")}]` : ""
   const status = row.status === "running" ? "RUNNING" : "STOPPED"
   if (row._tag !== "Ok")

@@ -39,7 +39,9 @@ const removalText = (removal: Removal): string => {
     meta === undefined
       ? "session.json unreadable"
       : `source ${meta.source}, created ${meta.created}${meta.lastClose ? `, last closed ${meta.lastClose.at}` : ""}`
-  return `session ${removal.id}${names} (${origin}): ${formatBytes(removal.bytes)} — its guest disk with every change made in it, the repository copy, its logs`
+  const forks =
+    removal.forks.length > 0 ? `; its forks ${removal.forks.join(", ")} are made independent of it first` : ""
+  return `session ${removal.id}${names} (${origin}): ${formatBytes(removal.bytes)} — its guest disk with every change made in it, the repository copy, its logs${forks}`
 }
 
 /** the y/N prompt of rm and prune: everything that will be lost, then the question */
@@ -72,12 +74,19 @@ export const rm = Command.make(
       Args.atLeast(1)
     ),
     yes,
+    force: Options.boolean("force").pipe(
+      Options.withDescription(
+        "a session that has forks (they read its frozen disk layers): make them independent first (their disks rebased off it), then remove it"
+      )
+    ),
     json
   },
   (args) =>
     edge({ json: args.json })(
       Effect.gen(function* () {
-        const removed = yield* remove(args.refs, (removals) => confirmRemovals(removals, args.yes))
+        const removed = yield* remove(args.refs, (removals) => confirmRemovals(removals, args.yes), {
+          force: args.force
+        })
         if (args.json) return yield* printJson({ removed: removed.map(removalJson) })
         for (const r of removed) {
           yield* Console.log(escapeControl(r._tag === "Name" ? `removed name ${r.name}` : `removed ${r.id}`))

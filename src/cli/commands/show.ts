@@ -69,6 +69,12 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
             (sharedBytes > 0 ? ` own, ${formatBytes(sharedBytes)} shared with its image` : "")
         ],
         ["root disk", describeRootDisk(meta.rootDisk)],
+        [
+          "fork of",
+          meta.fork === undefined
+            ? undefined
+            : `${meta.fork.parentName === undefined ? meta.fork.parent : `${meta.fork.parentName} (${meta.fork.parent})`}, ${meta.fork.from}, at ${meta.fork.at}`
+        ],
         ["names", names.join(", ") || undefined],
         ["dir", dir + (legacy ? " (legacy home: read-only)" : "")],
         ["created", meta.created],

@@ -59,8 +59,11 @@ export interface ModelAgentOptions {
   readonly messages: ReadonlyArray<unknown>
   /** the egress proxy (127.0.0.1:port); absent: direct connections (tests) */
   readonly proxyPort?: number | undefined
-  /** extra CAs to trust (the session's broker CA) */
-  readonly caPems?: ReadonlyArray<string> | undefined
+  /**
+   * extra CAs to trust (the session's broker CA): a function is asked again for each connection,
+   * so a restored VM (a resume, a fork) trusts its new broker CA and no longer the old one
+   */
+  readonly caPems?: ReadonlyArray<string> | (() => ReadonlyArray<string>) | undefined
   readonly log: (line: string) => void
   /**
    * after each completed step of a prompt turn, the conversation so far (context.json is saved:
@@ -97,15 +100,21 @@ const DENY_HEADER = /^x-abox-deny-reason:\s*(.*)$/im
  * An undici connector: CONNECT host:port through the proxy (or a direct socket), then TLS for
  * https. A refusal's reason (the broker's, in X-Abox-Deny-Reason) is kept for the error message.
  */
-const tunnelConnector = (
+export const tunnelConnector = (
   proxyPort: number | undefined,
-  ca: ReadonlyArray<string>,
+  extraCa: ReadonlyArray<string> | (() => ReadonlyArray<string>),
   onRefusal: (why: string) => void
 ): buildConnector.connector => {
-  // built once, on the first connection: parsing the ~150 roots for every TLS connection was the
-  // largest item of the agent's own CPU profile after module loading
-  let secureContext: tls.SecureContext | undefined
-  const context = () => (secureContext ??= tls.createSecureContext({ ca: [...ca] }))
+  // built once per set of CAs: parsing the ~150 roots for every TLS connection was the largest
+  // item of the agent's own CPU profile after module loading. The set is asked for each time:
+  // after a restore the session's broker CA is another one (the old one is no longer trusted)
+  let built: { readonly extra: ReadonlyArray<string>; readonly context: tls.SecureContext } | undefined
+  const context = () => {
+    const extra = typeof extraCa === "function" ? extraCa() : extraCa
+    if (built?.extra !== extra)
+      built = { extra, context: tls.createSecureContext({ ca: [...tls.rootCertificates, ...extra] }) }
+    return built.context
+  }
   return (options, callback) => {
     const host = options.hostname
     const port = Number(options.port) || (options.protocol === "https:" ? 443 : 80)
@@ -233,7 +242,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
   const dispatcher = new Agent({
     connect: tunnelConnector(
       options.proxyPort,
-      [...tls.rootCertificates, ...(options.caPems ?? [])],
+      options.caPems ?? [],
       (why) => {
         lastRefusal = why
       }
