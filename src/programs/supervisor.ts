@@ -51,12 +51,7 @@ import {
   type TurnRequest,
   turnText
 } from "../protocol/Control.js"
-import {
-  type AttachOutput,
-  ControlRpcs,
-  type TurnEnded,
-  type TurnOutput
-} from "../services/ControlRpc.js"
+import { type AttachOutput, ControlRpcs, type TurnEnded, type TurnOutput } from "../services/ControlRpc.js"
 import type { TtyControl } from "../services/GuestRpc.js"
 import { RepoPathInvalid } from "../domain/repoErrors.js"
 import { idleTimeout } from "./idle.js"
@@ -326,7 +321,10 @@ const handlers = (
         const frozen = yield* session.freeze(statePath)
         const { root, repo } = frozen.frozen
         if (root === undefined)
-          return yield* new ControlError({ reason: "fork", message: "this session's root disk is not a qcow2 overlay" })
+          return yield* new ControlError({
+            reason: "fork",
+            message: "this session's root disk is not a qcow2 overlay"
+          })
         return { root, ...(repo === undefined ? {} : { repo }), manifest: frozen.manifest }
       }).pipe(Effect.provideService(CommandExecutor.CommandExecutor, info.executor)),
     Turn: (request, { clientId }) =>
