@@ -79,12 +79,10 @@ export interface SaveRequest {
   readonly imageDigest: string
   /**
    * while the VM is stopped, before its memory is saved: each drive goes on writing to `overlay`
-   * (made beforehand over what the drive wrote so far, which is frozen from then on), renamed to
-   * `target` once the drive writes it (`blockdev-snapshot-sync`; a fork of a running session)
+   * (made beforehand over what the drive wrote so far, which is frozen from then on;
+   * `blockdev-snapshot-sync`, a fork of a running session)
    */
-  readonly snapshotDisks?:
-    | ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string; readonly target: string }>
-    | undefined
+  readonly snapshotDisks?: ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string }> | undefined
 }
 
 export interface VmHandle {

@@ -5,10 +5,13 @@
  * overlays over them. Backing files are named by absolute path, as a session's root names its
  * golden.
  *
- * Each step leaves a bootable session: the frozen name is a hard link to the active disk first
- * (one inode, two names), the new overlay is made under a temporary name and renamed over the
- * active name last. A crash in between leaves at most an unused frozen link, which `abox gc`
- * removes.
+ * Each step leaves a bootable session: the frozen name is a hard link to the disk being written
+ * (one inode, two names) and the new overlay is made over it. A stopped session's overlay is
+ * made under a temporary name and renamed over the active name. A running VM's QEMU opens the
+ * files again by the names it has (a migration's end does), so nothing it opened is renamed
+ * while it runs: its new overlay is `root.next-<n>.qcow2`, which `settleDisks` renames over
+ * `root.qcow2` once the VM is down (before any boot, by the session's lock holder). A crash in
+ * between leaves at most an unused frozen link, which `abox gc` removes.
  */
 import * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
@@ -27,6 +30,10 @@ export type FrozenDrive = "root" | "repo"
 export const frozenName = (drive: FrozenDrive, n: number): string => `${drive}.frozen-${n}.qcow2`
 
 const FROZEN = /^(root|repo)\.frozen-(\d+)\.qcow2$/
+const NEXT = /^(root|repo)\.next-(\d+)\.qcow2$/
+
+/** `root.next-<n>.qcow2`: the overlay a running VM went on in after a fork, until it is down */
+export const nextName = (drive: FrozenDrive, n: number): string => `${drive}.next-${n}.qcow2`
 
 /** is this file name a frozen layer's */
 export const isFrozenName = (name: string): boolean => FROZEN.test(name)
@@ -98,7 +105,43 @@ export const createQcow2Overlay = (qemuImg: string, backing: string, target: str
     yield* io(target, "chmod", () => fs.chmod(target, 0o600))
   })
 
-/** one drive of a freeze: its active disk, the frozen name it gets, the new overlay's temporary name */
+/** the `next` overlays of a drive in `dir`, lowest number first */
+const nextOverlays = (dir: string, drive: FrozenDrive) =>
+  Effect.promise(() => fs.readdir(dir).catch(() => [] as Array<string>)).pipe(
+    Effect.map((names) =>
+      names
+        .flatMap((name) => {
+          const match = NEXT.exec(name)
+          return match !== null && match[1] === drive ? [{ name, n: Number(match[2]) }] : []
+        })
+        .sort((a, b) => a.n - b.n)
+        .map((entry) => path.join(dir, entry.name))
+    )
+  )
+
+/** the file a drive writes now: its newest `next` overlay (a running VM forked), else the active disk */
+export const writingDisk = (dir: string, drive: FrozenDrive) =>
+  Effect.map(nextOverlays(dir, drive), (next) => next.at(-1) ?? activeDisk(dir, drive))
+
+/**
+ * After a running VM was forked and is down again: its newest `next` overlay is renamed over
+ * the active disk (the old active disk is a frozen layer by its other name), older ones (frozen
+ * layers too, by their other names) unlinked. Only by the session's lock holder, before a boot.
+ */
+export const settleDisks = Effect.fn("frozenLayers.settle")(function* (dir: string) {
+  for (const drive of ["root", "repo"] as const) {
+    const next = yield* nextOverlays(dir, drive)
+    const newest = next.at(-1)
+    if (newest === undefined) continue
+    for (const older of next.slice(0, -1)) {
+      const links = yield* io(older, "stat", () => fs.stat(older))
+      if (links.nlink > 1) yield* io(older, "unlink", () => fs.rm(older, { force: true }))
+    }
+    yield* io(newest, "rename", () => fs.rename(newest, activeDisk(dir, drive)))
+  }
+})
+
+/** one drive of a freeze: the disk it writes, the frozen name that gets, the new overlay's name */
 export interface FreezeStep {
   readonly drive: FrozenDrive
   readonly active: string
@@ -107,18 +150,23 @@ export interface FreezeStep {
 }
 
 /**
- * Freeze's first half, for each qcow2 disk the session has: the active disk gets its frozen
- * name too (a hard link: a VM writing it goes on writing the same inode), and an empty overlay
- * over the frozen name is made under a temporary name. Nothing the session boots changes yet.
+ * Freeze's first half, for each qcow2 disk the session has: the disk a drive writes gets its
+ * frozen name too (a hard link: a VM writing it goes on writing the same inode), and an empty
+ * overlay over the frozen name is made, under a temporary name (a stopped session: `commit`
+ * renames it over the active disk) or as the `next` overlay (a running VM goes on in it).
  */
-export const prepareFreeze = Effect.fn("frozenLayers.prepare")(function* (qemuImg: string, dir: string) {
+export const prepareFreeze = Effect.fn("frozenLayers.prepare")(function* (
+  qemuImg: string,
+  dir: string,
+  running: boolean
+) {
   const n = yield* nextFrozenIndex(dir)
   const steps: Array<FreezeStep> = []
   for (const drive of ["root", "repo"] as const) {
-    const active = activeDisk(dir, drive)
+    const active = yield* writingDisk(dir, drive)
     if (!(yield* exists(active))) continue
     const frozen = path.join(dir, frozenName(drive, n))
-    const next = temporaryBeside(active)
+    const next = running ? path.join(dir, nextName(drive, n)) : temporaryBeside(active)
     yield* io(frozen, "link", () => fs.link(active, frozen))
     yield* createQcow2Overlay(qemuImg, frozen, next).pipe(
       Effect.tapError(() => Effect.promise(() => fs.rm(next, { force: true })))
@@ -128,11 +176,11 @@ export const prepareFreeze = Effect.fn("frozenLayers.prepare")(function* (qemuIm
   return steps as ReadonlyArray<FreezeStep>
 })
 
-/** freeze's second half for one drive: the new overlay renamed over the active name */
+/** a stopped session's freeze, second half: the new overlay renamed over the active name */
 export const commitFreezeStep = (step: FreezeStep) =>
   io(step.active, "rename", () => fs.rename(step.next, step.active))
 
-/** a prepared freeze given up: the temporary overlays removed (a frozen link left is gc's) */
+/** a prepared freeze given up: the new overlays removed (a frozen link left is gc's) */
 export const abandonFreeze = (steps: ReadonlyArray<FreezeStep>) =>
   Effect.promise(() => Promise.all(steps.map((step) => fs.rm(step.next, { force: true })))).pipe(Effect.asVoid)
 

@@ -13,6 +13,7 @@
  * each of them independent of its files (`qemu-img rebase` through a temporary copy, renamed
  * into place); `abox gc` removes frozen layers nothing reads any more.
  */
+import type { CommandExecutor } from "@effect/platform/CommandExecutor"
 import * as Clock from "effect/Clock"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
@@ -35,7 +36,9 @@ import {
   frozenOf,
   type FrozenLayers,
   prepareFreeze,
-  temporaryBeside
+  settleDisks,
+  temporaryBeside,
+  writingDisk
 } from "../lib/frozenLayers.js"
 import { runTool } from "../lib/repoDisk.js"
 import { qemuImgTool } from "../lib/rootDisk.js"
@@ -43,7 +46,7 @@ import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock, SessionBusy } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError } from "../services/SessionStore.js"
 import * as Detached from "./detached.js"
-import { savedState, savedStateFiles } from "./suspend.js"
+import { type FreezeError, savedState, savedStateFiles } from "./suspend.js"
 
 /** a fork that cannot be made (a raw root disk, a session running in a process that serves no socket) */
 export class ForkRefused extends Schema.TaggedError<ForkRefused>()("ForkRefused", {
@@ -61,6 +64,13 @@ export class SessionHasForks extends Schema.TaggedError<SessionHasForks>()("Sess
 
 export interface ForkOptions {
   readonly name?: string | undefined
+  /**
+   * how a running parent is frozen (default: its supervisor, over the control socket); the SDK
+   * passes its own open session's `freeze` for a session it holds itself
+   */
+  readonly freezeRunning?:
+    | ((statePath: string) => Effect.Effect<{ readonly frozen: FrozenLayers; readonly manifest: StateManifest }, FreezeError, CommandExecutor>)
+    | undefined
 }
 
 const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
@@ -137,21 +147,28 @@ export const fork = Effect.fn("fork")(function* (ref: string, options: ForkOptio
         let frozen: FrozenLayers
         let manifest: StateManifest | undefined
         if (running) {
-          const reply = yield* Detached.freeze(parent.id, childState.state).pipe(
-            Effect.catchTag(
-              "SessionNotRunning",
-              () =>
-                new ForkRefused({
-                  sessionId: parent.id,
-                  reason: "running",
-                  message: `session ${ref} is running in a process that serves no control socket (abox open): fork it when it is detached (abox start), suspended or stopped`
-                })
+          if (options.freezeRunning !== undefined) {
+            const local = yield* options.freezeRunning(childState.state)
+            frozen = local.frozen
+            manifest = local.manifest
+          } else {
+            const reply = yield* Detached.freeze(parent.id, childState.state).pipe(
+              Effect.catchTag(
+                "SessionNotRunning",
+                () =>
+                  new ForkRefused({
+                    sessionId: parent.id,
+                    reason: "running",
+                    message: `session ${ref} is running in a process that serves no control socket (abox open): fork it when it is detached (abox start), suspended or stopped`
+                  })
+              )
             )
-          )
-          frozen = { root: reply.root, repo: reply.repo }
-          manifest = reply.manifest
+            frozen = { root: reply.root, repo: reply.repo }
+            manifest = reply.manifest
+          }
         } else {
-          const steps = yield* prepareFreeze(qemuImg, parent.dir)
+          yield* settleDisks(parent.dir)
+          const steps = yield* prepareFreeze(qemuImg, parent.dir, false)
           for (const step of steps) yield* commitFreezeStep(step)
           frozen = frozenOf(steps)
           const saved = yield* savedState(parent.dir).pipe(Effect.orElseSucceed(() => Option.none()))
@@ -205,14 +222,21 @@ export const fork = Effect.fn("fork")(function* (ref: string, options: ForkOptio
   )
 })
 
-/** the qcow2 disks of a session directory: its active disks and its frozen layers */
+/** the disks a session's drives write: the active ones, and a running fork's `next` overlays */
+const writtenDisks = (dir: string) =>
+  Effect.gen(function* () {
+    const files = new Set<string>()
+    for (const drive of ["root", "repo"] as const) {
+      for (const file of [activeDisk(dir, drive), yield* writingDisk(dir, drive)])
+        if (yield* exists(file)) files.add(file)
+    }
+    return [...files]
+  })
+
+/** the qcow2 disks of a session directory: the disks it writes and its frozen layers */
 const qcow2Files = (dir: string) =>
   Effect.gen(function* () {
-    const files: Array<string> = []
-    for (const drive of ["root", "repo"] as const)
-      if (yield* exists(activeDisk(dir, drive))) files.push(activeDisk(dir, drive))
-    for (const name of yield* frozenLayersIn(dir)) files.push(path.join(dir, name))
-    return files
+    return [...(yield* writtenDisks(dir)), ...(yield* frozenLayersIn(dir)).map((name) => path.join(dir, name))]
   })
 
 const inside = (dir: string, file: string) => path.dirname(path.resolve(file)) === path.resolve(dir)
@@ -312,20 +336,21 @@ export const detachForks = Effect.fn("fork.detach")(function* (session: SessionL
  */
 export const unusedFrozenLayers = Effect.fn("fork.unusedLayers")(function* () {
   const store = yield* SessionStore
+  const rows = (yield* store.list()).filter((row) => !row.legacy)
+  const candidates: Array<{ readonly session: SessionLocation; readonly file: string }> = []
+  for (const row of rows)
+    for (const name of yield* frozenLayersIn(row.dir)) candidates.push({ session: row, file: path.join(row.dir, name) })
+  // no frozen layer anywhere (no fork was ever made): no qemu-img run
+  if (candidates.length === 0) return []
   const qemuImg = yield* qemuImgTool
   const used = new Set<string>()
-  const candidates: Array<{ readonly session: SessionLocation; readonly file: string }> = []
-  for (const row of yield* store.list()) {
-    if (row.legacy) continue
-    for (const drive of ["root", "repo"] as const) {
-      const file = activeDisk(row.dir, drive)
-      if (!(yield* exists(file))) continue
+  for (const row of rows) {
+    for (const file of yield* writtenDisks(row.dir)) {
       const chain = yield* backingChain(qemuImg, file).pipe(Effect.orElseSucceed(() => undefined))
       // a chain that cannot be read: keep everything (never remove what may be read)
       if (chain === undefined) return []
       for (const link of chain) used.add(link.file)
     }
-    for (const name of yield* frozenLayersIn(row.dir)) candidates.push({ session: row, file: path.join(row.dir, name) })
   }
   return candidates.filter((c) => !used.has(path.resolve(c.file)))
 })

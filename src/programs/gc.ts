@@ -7,9 +7,10 @@ import { AboxPaths } from "../services/AboxPaths.js"
 import { RuntimeLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError } from "../services/SessionStore.js"
 import { errorMessage } from "../domain/errorMessage.js"
+import { unusedFrozenLayers } from "./fork.js"
 
 export interface GcAction {
-  readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm"
+  readonly kind: "socket" | "temp-file" | "dangling-name" | "orphan-vmm" | "frozen-layer"
   readonly target: string
   readonly detail: string
   readonly done: boolean
@@ -127,6 +128,19 @@ export const gc = Effect.fn("gc")(function* (options: { readonly dryRun: boolean
         removeFile(path.join(row.dir, temp))
       )
     }
+  }
+
+  // frozen layers no disk reads any more (their forks removed or made independent): removed
+  // under their session's lock, so no fork of it is being made meanwhile
+  const unused = yield* unusedFrozenLayers().pipe(Effect.orElseSucceed(() => []))
+  for (const layer of unused) {
+    yield* Effect.scoped(
+      Effect.gen(function* () {
+        const held = yield* Effect.either(lock.acquire(layer.session))
+        if (held._tag === "Left") return
+        yield* act("frozen-layer", layer.file, "a frozen layer no session's disk reads", removeFile(layer.file))
+      })
+    )
   }
 
   for (const binding of yield* store.listNames()) {

@@ -15,6 +15,7 @@ import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { checkOverlay, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
+import { settleDisks } from "../lib/frozenLayers.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { earlyExitReport } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -361,7 +362,9 @@ const boot = Effect.fn("session.boot")(function* (
               Effect.flatMap((outcome) =>
                 store.update(meta.id, (current) => ({ ...current, lastClose: outcome }))
               ),
-              Effect.ignore
+              Effect.ignore,
+              // the VM is down: overlays it went on in after a fork become its disks' own names
+              Effect.zipRight(Effect.ignore(settleDisks(dir)))
             )
         })
       )
@@ -781,6 +784,8 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         ))
       // a VM killed mid-write leaves at worst leaked clusters: reclaimed here; corruption refused
       const root = sessionRootDisk(session.dir, recorded.rootDisk)
+      // a VM forked while it ran went on in `next` overlays: they are its disks from now on
+      yield* settleDisks(session.dir)
       if (root.format === "qcow2") yield* checkOverlay(root.file)
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
       const previousEnv = (yield* store.readGuestConfig(id).pipe(Effect.option)).pipe(

@@ -106,12 +106,12 @@ export const freezeVm = Effect.fn("suspend.freeze")(function* (
   statePath: string
 ) {
   const saveState = yield* checkSavable(vm, hello)
-  const steps = yield* prepareFreeze(yield* qemuImgTool, dir)
+  const steps = yield* prepareFreeze(yield* qemuImgTool, dir, true)
   const manifest = yield* saveState({
     statePath,
     then: "cont",
     imageDigest,
-    snapshotDisks: steps.map((step) => ({ drive: step.drive, overlay: step.next, target: step.active }))
+    snapshotDisks: steps.map((step) => ({ drive: step.drive, overlay: step.next }))
   }).pipe(Effect.tapError(() => abandonFreeze(steps)))
   return { frozen: frozenOf(steps), manifest } satisfies Frozen
 })

@@ -25,7 +25,13 @@ import * as Repo from "../programs/repo.js"
 import * as Detached from "../programs/detached.js"
 import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
-import { ControlError, ControlRefused, ControlVersionMismatch, SessionNotRunning } from "../protocol/Control.js"
+import * as Fork from "../programs/fork.js"
+import {
+  ControlError,
+  ControlRefused,
+  ControlVersionMismatch,
+  SessionNotRunning
+} from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
 import type { AgentEvent, HelloMessage, TurnLimits } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
@@ -189,6 +195,11 @@ export interface SessionHandle extends AsyncDisposable {
   apply(options?: Partial<Repo.ApplyOptions>): Promise<ReadonlyArray<string>>
   /** the repository's files (paths relative to /work/repo); written files belong to the repository user */
   readonly files: SessionFiles
+  /**
+   * a new session forked from this one as it is now (`abox fork`): its metadata; `resume(meta.id)`
+   * (or its name) starts it, with this session's memory, processes and files
+   */
+  fork(options?: { readonly name?: string | undefined }): Promise<SessionMeta>
 }
 
 export interface SessionFiles {
@@ -276,7 +287,11 @@ interface HandleInfo {
 const handleOf = (
   info: HandleInfo,
   session: SessionContract<unknown, AboxContext>,
-  lifecycle: { readonly close: () => Promise<void>; readonly closed: () => boolean }
+  lifecycle: {
+    readonly close: () => Promise<void>
+    readonly closed: () => boolean
+    readonly fork: SessionHandle["fork"]
+  }
 ): SessionHandle => {
   const iterate = (text: string, options?: TurnOptions): AsyncIterable<TurnEvent> => {
     if (lifecycle.closed()) throw new Error(`session handle ${info.id} is closed`)
@@ -287,6 +302,7 @@ const handleOf = (
     turn: iterate,
     run: (text, options) => collectTurn(iterate(text, options)),
     close: lifecycle.close,
+    fork: lifecycle.fork,
     get closed() {
       return lifecycle.closed()
     },
@@ -321,7 +337,9 @@ const handleFor = async (
     { ...Repo.localRepo(session.connection), turn: session.turn },
     {
       close: () => (closing ??= run(Scope.close(scope, Exit.void))),
-      closed: () => closing !== undefined
+      closed: () => closing !== undefined,
+      // this process holds the VM: it is frozen here, not through a supervisor
+      fork: (options) => run(Fork.fork(session.id, { name: options?.name, freezeRunning: session.freeze }))
     }
   )
 }
@@ -364,6 +382,17 @@ export const list = (): Promise<ReadonlyArray<SessionListing>> =>
  */
 export const remove = (ref: string): Promise<void> => run(Effect.asVoid(Remove.remove([ref])))
 
+/**
+ * Fork a session (`abox fork`): running detached, suspended or stopped; a new session over its
+ * frozen disks, with its memory where it had one running or saved. Returns the new session's
+ * metadata (resume it by id or name). A session this process holds open: `handle.fork()`.
+ */
+export const fork = (
+  ref: string,
+  options: { readonly name?: string | undefined } = {}
+): Promise<SessionMeta> => run(Fork.fork(ref, { name: options.name }))
+export { ForkRefused, SessionHasForks } from "../programs/fork.js"
+
 // ---- detached sessions: served by a supervisor process (docs/detached.md) ----
 
 export type { StatusInfo as SupervisorStatus } from "../services/ControlRpc.js"
@@ -389,7 +418,9 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
     close: async () => {
       closed = true
     },
-    closed: () => closed
+    closed: () => closed,
+    // its supervisor freezes it (the Fork RPC)
+    fork: (options) => run(Fork.fork(id, { name: options?.name }))
   })
 }
 
@@ -495,6 +526,13 @@ export class SessionManager {
     if (held === undefined || held.handle.closed) return stopDetached(name)
     await held.handle.close()
     return true
+  }
+
+  /** fork the named session (the one this manager holds open, or any other): the new session's metadata */
+  async fork(name: string, options: { readonly name?: string | undefined } = {}): Promise<SessionMeta> {
+    const held = this.#open.get(name)
+    if (held !== undefined && !held.handle.closed) return held.handle.fork(options)
+    return fork(name, options)
   }
 
   /** close every session this manager holds */

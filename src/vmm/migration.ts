@@ -147,27 +147,23 @@ export const DRIVE_IDS = { root: "virtio0", repo: "repo" } as const
 
 /**
  * Each drive goes on writing into an overlay made beforehand (`blockdev-snapshot-sync`, mode
- * `existing`: the overlay names its backing file itself, src/lib/frozenLayers.ts), which is then
- * renamed to `target` (QEMU's open file follows the rename). Done drive by drive, so that the
- * disk a drive writes is at every moment the one at `target`'s name or the old one.
+ * `existing`: the overlay names its backing file itself, src/lib/frozenLayers.ts). QEMU keeps
+ * the file names it opened and opens them again (a migration's end inactivates the drives), so
+ * neither file may be renamed while this QEMU runs.
  */
 export const snapshotDrives = (
   qmp: QmpClient,
-  drives: ReadonlyArray<{ readonly drive: keyof typeof DRIVE_IDS; readonly overlay: string; readonly target: string }>
+  drives: ReadonlyArray<{ readonly drive: keyof typeof DRIVE_IDS; readonly overlay: string }>
 ) =>
   Effect.forEach(
     drives,
-    ({ drive, overlay, target }) =>
+    ({ drive, overlay }) =>
       run(qmp, `snapshot ${drive}`, "blockdev-snapshot-sync", {
         device: DRIVE_IDS[drive],
         "snapshot-file": overlay,
         format: "qcow2",
         mode: "existing"
-      }).pipe(
-        Effect.zipRight(
-          Effect.try({ try: () => fs.renameSync(overlay, target), catch: failed(`rename ${overlay}`) })
-        )
-      ),
+      }),
     { discard: true }
   )
 
