@@ -212,8 +212,26 @@ export const transferTree50MB = async (ctx: BenchContext): Promise<Figure> => {
   }
 }
 
-const rssKiB = (pid: number): number =>
+export const rssKiB = (pid: number): number =>
   Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0)
+
+/** the `abox-vmm` helper that process `pid` started, if one runs */
+export const helperOf = (pid: number): number | undefined => {
+  const helper = fs
+    .readdirSync("/proc")
+    .filter((p) => /^\d+$/.test(p))
+    .find((p) => {
+      try {
+        return (
+          fs.readFileSync(`/proc/${p}/cmdline`, "utf8").includes("abox-vmm") &&
+          /PPid:\s+(\d+)/.exec(fs.readFileSync(`/proc/${p}/status`, "utf8"))?.[1] === String(pid)
+        )
+      } catch {
+        return false
+      }
+    })
+  return helper === undefined ? undefined : Number(helper)
+}
 
 /**
  * lifecycleRss: the host's memory while a session runs a turn — the `abox` CLI process plus its
@@ -232,20 +250,8 @@ export const lifecycleRss = async (ctx: BenchContext): Promise<Figure> => {
     await new Promise<void>((resolve) =>
       child.stdout.on("data", (d: Buffer) => d.toString().includes("measuring") && resolve())
     )
-    const helper = fs
-      .readdirSync("/proc")
-      .filter((p) => /^\d+$/.test(p))
-      .find((p) => {
-        try {
-          return (
-            fs.readFileSync(`/proc/${p}/cmdline`, "utf8").includes("abox-vmm") &&
-            /PPid:\s+(\d+)/.exec(fs.readFileSync(`/proc/${p}/status`, "utf8"))?.[1] === String(child.pid)
-          )
-        } catch {
-          return false
-        }
-      })
-    samples.push((rssKiB(child.pid!) + (helper === undefined ? 0 : rssKiB(Number(helper)))) / 1024)
+    const helper = helperOf(child.pid!)
+    samples.push((rssKiB(child.pid!) + (helper === undefined ? 0 : rssKiB(helper))) / 1024)
     await new Promise((resolve) => child.on("exit", resolve))
   }
   const mib = median(samples)

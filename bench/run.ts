@@ -6,7 +6,7 @@
  */
 import * as fs from "node:fs"
 import { agentFileToolRoundTrip, agentFirstRequest, agentToolRoundTrip } from "./agent.js"
-import { detachedExec } from "./detached.js"
+import { detachedExec, detachedRss } from "./detached.js"
 import { envBuild, envDisk, envOpen } from "./environment.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
@@ -52,6 +52,7 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["agentToolRoundTrip", agentToolRoundTrip],
   ["agentFileToolRoundTrip", agentFileToolRoundTrip],
   ["detachedExec", detachedExec],
+  ["detachedRss", detachedRss],
   ["turnOutputStream", turnOutputStream],
   ["imageImport", imageImport],
   ["envBuild", envBuild],

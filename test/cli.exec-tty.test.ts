@@ -8,7 +8,8 @@ import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { exitCodeFor } from "../src/cli/exitCodes.js"
-import { remoteError } from "../src/programs/detached.js"
+import * as Schema from "effect/Schema"
+import { TurnRpcError } from "../src/services/ControlRpc.js"
 import { TtyUnsupported } from "../src/services/GuestRpc.js"
 import { cliBundle, runCli, tempHome, withCliAndSource } from "./cliHelpers.js"
 
@@ -105,8 +106,8 @@ describe.skipIf(!haveScript || !haveBusybox)(
 )
 
 describe("exec -t against a guest without tty turns", () => {
-  it("the supervisor's TtyUnsupported decodes into its class on the client: exit 101", () => {
-    const error = remoteError({ _tag: "TtyUnsupported", message: "the guest has no tty turns" })
+  it("the supervisor's TtyUnsupported decodes into its class on the client (the Turn RPC's errors): exit 101", () => {
+    const error = Schema.decodeUnknownSync(TurnRpcError)({ _tag: "TtyUnsupported", message: "the guest has no tty turns" })
     expect(error).toBeInstanceOf(TtyUnsupported)
     expect(exitCodeFor(error._tag)).toBe(101)
   })

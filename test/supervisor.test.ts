@@ -1,5 +1,5 @@
 /**
- * The detached supervisor's control protocol against FakeVmm (the real guest agent as a host
+ * The detached supervisor's control plane (ControlRpcs over the control socket) against FakeVmm (the real guest agent as a host
  * process, the real store, lock, protocol and control socket): status, concurrent turns, attach
  * (replay, one typist), a client that goes away mid-turn, cancel, timeout, stop, the idle
  * timeout (TestClock), a stale control socket.
@@ -17,13 +17,18 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
+import { REPO_CHUNK, type TurnRequest } from "../src/protocol/Control.js"
+import type { AttachOutput, TurnOutput } from "../src/services/ControlRpc.js"
 import {
-  type ControlReply,
-  type ControlRequest,
-  REPO_CHUNK,
-  type TurnRequest
-} from "../src/protocol/Control.js"
-import { connect, forward, remoteRepo, status, statusIfRunning, stop } from "../src/programs/detached.js"
+  connect,
+  forward,
+  remoteSession,
+  remoteTurn,
+  status,
+  statusIfRunning,
+  stop
+} from "../src/programs/detached.js"
+import type { TtyControl } from "../src/services/GuestRpc.js"
 import { open, resume } from "../src/programs/session.js"
 import { supervise } from "../src/programs/supervisor.js"
 import { controlSocketPath } from "../src/lib/socketPath.js"
@@ -43,24 +48,27 @@ const source = () => {
 /** a real-time pause (the tests under TestClock use it to let other processes move) */
 const realSleep = (ms: number) => Effect.promise(() => new Promise((resolve) => setTimeout(resolve, ms)))
 
-/** one exec: every reply until the turn's end (or an error) */
-const exec = (ref: string, request: Omit<TurnRequest, "type">) =>
+/** what a turn or an attach gave a client: its elements, then the error that ended it, if one did */
+type Item = TurnOutput | AttachOutput | { readonly _tag: "Error"; readonly error: { readonly _tag: string } }
+
+/** one exec: every element until the turn's end (or its error) */
+const exec = (ref: string, request: TurnRequest) =>
   Effect.scoped(
     Effect.gen(function* () {
-      const connection = yield* connect(ref)
-      yield* connection.send({ type: "turn", ...request })
+      const { client } = yield* connect(ref)
       return Chunk.toArray(
-        yield* connection.replies.pipe(
-          Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
+        yield* client.Turn(request).pipe(
+          Stream.map((item): Item => item),
+          Stream.catchAll((error) => Stream.make<Array<Item>>({ _tag: "Error", error })),
           Stream.runCollect
         )
       )
     })
   )
 
-const stdoutOf = (replies: ReadonlyArray<ControlReply>) =>
-  replies.map((r) => (r.type === "event" && r.event.kind === "stdout" ? r.event.data : "")).join("")
-const endOf = (replies: ReadonlyArray<ControlReply>) => replies.find((r) => r.type === "turn_end")
+const stdoutOf = (items: ReadonlyArray<Item>) =>
+  items.map((r) => (r._tag === "Event" && r.event.kind === "stdout" ? r.event.data : "")).join("")
+const endOf = (items: ReadonlyArray<Item>) => items.find((r) => r._tag === "Ended")
 
 describe("detached supervisor (FakeVmm)", () => {
   it.live(
@@ -78,7 +86,7 @@ describe("detached supervisor (FakeVmm)", () => {
         expect(socket).toBe(controlSocketPath(path.join(home, "sessions", sessionId)))
         expect(fs.statSync(socket).mode & 0o777).toBe(0o600)
         const info = yield* status("sup")
-        expect(info).toMatchObject({ sessionId, pid: process.pid, clients: 1, turn: null, version: 1 })
+        expect(info).toMatchObject({ sessionId, pid: process.pid, clients: 1, turn: null, version: 2 })
 
         // three clients at once: the turns run one at a time, each client gets its own output
         const three = yield* Effect.all(
@@ -101,31 +109,24 @@ describe("detached supervisor (FakeVmm)", () => {
         expect(stdoutOf(envTurn)).toBe("it's me\n/\n")
         expect(endOf(envTurn)).toMatchObject({ exitCode: 3, cancelled: false })
         const badEnv = yield* exec("sup", { text: "true", env: { "A-B": "x" } })
-        expect(badEnv.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
+        expect(badEnv.at(-1)).toMatchObject({ _tag: "Error", error: { _tag: "ControlError" } })
         // a prompt turn is the model agent's: env and cwd belong to shell turns
         const promptWithCwd = yield* exec("sup", { text: "hi", mode: "prompt", cwd: "/" })
-        expect(promptWithCwd.at(-1)).toMatchObject({ type: "error", error: { _tag: "ControlError" } })
+        expect(promptWithCwd.at(-1)).toMatchObject({ _tag: "Error", error: { _tag: "ControlError" } })
 
         // repository operations: a host path must be absolute (the supervisor's cwd is not the
         // client's); a diff larger than one line comes back in pieces, whole
         const relative = yield* Effect.scoped(
-          Effect.gen(function* () {
-            const connection = yield* connect("sup")
-            yield* connection.send({
-              type: "repo",
-              request: { op: "copy_out", guestPath: "README.md", hostPath: "rel.txt" }
-            })
-            return yield* connection.next
-          })
+          Effect.flatMap(connect("sup"), ({ client }) =>
+            client.CopyOut({ guestPath: "README.md", hostPath: "rel.txt" }).pipe(Effect.exit)
+          )
         )
-        expect(relative).toMatchObject(
-          Option.some({ type: "error", error: { _tag: "ControlError", reason: "bad request" } })
-        )
+        expect(String(relative)).toContain("not an absolute host path: rel.txt")
         const big = yield* exec("sup", {
           text: "i=0; while [ $i -lt 60000 ]; do echo line-$i; i=$((i+1)); done > big.txt"
         })
         expect(endOf(big)).toMatchObject({ exitCode: 0 })
-        const { text } = yield* remoteRepo("sup", { op: "diff", paths: ["big.txt"] })
+        const text = yield* remoteSession("sup").diff({ paths: ["big.txt"] })
         expect(text.length).toBeGreaterThan(2 * REPO_CHUNK)
         expect(text).toContain("+line-0\n")
         expect(text).toContain("+line-59999\n")
@@ -138,29 +139,27 @@ describe("detached supervisor (FakeVmm)", () => {
         // a client that goes away mid-turn: the turn goes on; an attach sees its start (replayed) and end
         yield* Effect.scoped(
           Effect.gen(function* () {
-            const connection = yield* connect("sup")
-            yield* connection.send({ type: "turn", text: "echo early; sleep 0.5; echo late" })
-            // wait for the start, then leave without a word
-            yield* connection.replies.pipe(
-              Stream.takeUntil((r) => r.type === "event"),
+            const { client } = yield* connect("sup")
+            // wait for the first event, then leave without a word (no Cancel)
+            yield* client.Turn({ text: "echo early; sleep 0.5; echo late" }).pipe(
+              Stream.takeUntil((r) => r._tag === "Event"),
               Stream.runDrain
             )
           })
         )
         const watched = yield* Effect.scoped(
           Effect.gen(function* () {
-            const watcher = yield* connect("sup")
-            yield* watcher.send({ type: "attach", typist: false })
+            const { client } = yield* connect("sup")
             return Chunk.toArray(
-              yield* watcher.replies.pipe(
-                Stream.takeUntil((r) => r.type === "turn_end"),
+              yield* client.Attach({ typist: false }).pipe(
+                Stream.takeUntil((r) => r._tag === "Ended"),
                 Stream.runCollect
               )
             )
           })
         )
-        expect(watched[0]).toEqual({ type: "attached", typist: false, lines: "prompt" })
-        expect(watched[1]).toMatchObject({ type: "turn_started", text: "echo early; sleep 0.5; echo late" })
+        expect(watched[0]).toEqual({ _tag: "Attached", typist: false, lines: "prompt" })
+        expect(watched[1]).toMatchObject({ _tag: "Started", text: "echo early; sleep 0.5; echo late" })
         expect(stdoutOf(watched)).toBe("early\nlate\n")
         expect(endOf(watched)).toMatchObject({ exitCode: 0 })
 
@@ -168,57 +167,47 @@ describe("detached supervisor (FakeVmm)", () => {
         // the typist's turn is seen by both, marked as its own for the typist only
         yield* Effect.scoped(
           Effect.gen(function* () {
-            const typist = yield* connect("sup")
-            yield* typist.send({ type: "attach", typist: true })
-            expect(yield* typist.next).toEqual(
-              Option.some({ type: "attached", typist: true, lines: "prompt" })
-            )
-            const other = yield* connect("sup")
-            yield* other.send({ type: "attach", typist: true })
-            expect(yield* other.next).toEqual(
-              Option.some({ type: "attached", typist: false, lines: "prompt" })
-            )
-            yield* other.send({ type: "turn", text: "echo refused" })
-            expect(yield* other.next).toMatchObject(
-              Option.some({ type: "error", error: { _tag: "ControlError" } })
-            )
-            yield* typist.send({ type: "turn", text: "echo typed" })
-            const typistSaw = Chunk.toArray(
-              yield* typist.replies.pipe(
-                Stream.takeUntil((r) => r.type === "turn_end"),
-                Stream.runCollect
-              )
-            )
-            const otherSaw = Chunk.toArray(
-              yield* other.replies.pipe(
-                Stream.takeUntil((r) => r.type === "turn_end"),
-                Stream.runCollect
-              )
-            )
-            expect(typistSaw[0]).toMatchObject({ type: "turn_started", text: "echo typed", mine: true })
-            expect(otherSaw[0]).toMatchObject({ type: "turn_started", text: "echo typed" })
+            const typist = (yield* connect("sup")).client
+            const typistSees = yield* Stream.toPull(typist.Attach({ typist: true }))
+            const other = (yield* connect("sup")).client
+            const otherSees = yield* Stream.toPull(other.Attach({ typist: true }))
+            /** the elements a watcher sees, up to and including `until` */
+            const upTo = (pull: typeof typistSees, until: (item: AttachOutput) => boolean) =>
+              Effect.gen(function* () {
+                const seen: Array<AttachOutput> = []
+                while (!seen.some(until)) seen.push(...(yield* pull))
+                return seen
+              })
+            expect(yield* upTo(typistSees, (r) => r._tag === "Attached")).toEqual([
+              { _tag: "Attached", typist: true, lines: "prompt" }
+            ])
+            expect(yield* upTo(otherSees, (r) => r._tag === "Attached")).toEqual([
+              { _tag: "Attached", typist: false, lines: "prompt" }
+            ])
+            const refusedTurn = yield* other.Type({ text: "echo refused" }).pipe(Effect.flip)
+            expect(refusedTurn).toMatchObject({ _tag: "ControlError", reason: "not typist" })
+            yield* typist.Type({ text: "echo typed" })
+            const typistSaw = yield* upTo(typistSees, (r) => r._tag === "Ended")
+            const otherSaw = yield* upTo(otherSees, (r) => r._tag === "Ended")
+            expect(typistSaw[0]).toMatchObject({ _tag: "Started", text: "echo typed", mine: true })
+            expect(otherSaw[0]).toMatchObject({ _tag: "Started", text: "echo typed" })
             expect(otherSaw[0]).not.toHaveProperty("mine")
             expect(stdoutOf(typistSaw)).toBe("typed\n")
             expect(stdoutOf(otherSaw)).toBe("typed\n")
-            // the typist cancels its own running turn
-            yield* typist.send({ type: "turn", text: "sleep 30" })
-            yield* typist.replies.pipe(
-              Stream.takeUntil((r) => r.type === "turn_started"),
-              Stream.runDrain
-            )
-            yield* typist.send({ type: "cancel" })
-            const cancelled = Chunk.toArray(
-              yield* typist.replies.pipe(
-                Stream.takeUntil((r) => r.type === "turn_end"),
-                Stream.runCollect
-              )
-            )
+            // the typist cancels its own running turn; the watcher's Cancel does nothing to it
+            yield* typist.Type({ text: "sleep 30" })
+            yield* upTo(typistSees, (r) => r._tag === "Started")
+            yield* other.Cancel()
+            yield* typist.Cancel()
+            const cancelled = yield* upTo(typistSees, (r) => r._tag === "Ended")
             expect(endOf(cancelled)).toMatchObject({ cancelled: true, timedOut: false })
           })
         )
 
-        // bad input on the socket: a line that is not a request gets a typed error; a line past the
-        // bound ends that connection with one too; the supervisor goes on serving
+        // bad input on the socket: a connection that does not begin with this version's hello
+        // is refused with a typed error (also in the shape a v1 client reads) and closed; so is
+        // a line past the bound, and a flood of newlines after the hello (not a reply per line);
+        // the supervisor goes on serving
         const raw = (payload: string | Buffer) =>
           Effect.async<string>((resume) => {
             const c = net.connect(socket)
@@ -228,34 +217,49 @@ describe("detached supervisor (FakeVmm)", () => {
             c.on("error", () => undefined)
             c.write(payload)
           })
-        expect(JSON.parse(yield* raw('{"type":"launch"}\n'))).toMatchObject({
+        expect(JSON.parse(yield* raw('{"type":"status"}\n'))).toMatchObject({
           type: "error",
-          error: { _tag: "ControlError", reason: "bad request" }
+          error: { _tag: "ControlVersionMismatch", version: 2, peer: null }
         })
-        expect(JSON.parse(yield* raw(Buffer.alloc(3 * 1024 * 1024, 0x61)))).toMatchObject({
-          type: "error",
-          error: { _tag: "ControlError", message: "control socket: a line longer than 2097152 bytes" }
+        expect(JSON.parse(yield* raw('{"type":"hello","version":1}\n'))).toMatchObject({
+          type: "refused",
+          error: { _tag: "ControlVersionMismatch", version: 2, peer: 1 }
         })
-        // a flood of newlines after a turn request: the first empty line is refused with a typed
-        // error and the connection closed (not a loop over millions of empty lines); the turn goes on
-        const flooded = (yield* raw(
-          Buffer.concat([
-            Buffer.from('{"type":"turn","text":"sleep 1; echo flood-end"}\n'),
-            Buffer.alloc(8 << 20, 10)
-          ])
-        ))
-          .split("\n")
-          .filter((line) => line !== "")
-          .map((line) => JSON.parse(line) as ControlReply)
-        expect(flooded.at(-1)).toMatchObject({
-          type: "error",
-          error: {
-            _tag: "ControlError",
-            reason: "bad request",
-            message: expect.stringContaining("not a control request")
-          }
+        expect(yield* raw(Buffer.alloc(5 * 1024 * 1024, 0x61))).toBe("")
+        const hello = '{"type":"hello","version":2}\n'
+        // after the hello, a line that is not a message, or past the bound of a line: the client is
+        // told why (a Defect, which fails its calls) and the connection is closed
+        const welcome = '{"type":"welcome","version":2}'
+        const refusal = (text: string) => {
+          const lines = text.split("\n")
+          expect([lines[0], lines.at(-1)]).toEqual([welcome, ""])
+          // the last line before the close (an Attach's first element may come before it)
+          return JSON.parse(lines.at(-2)!) as { _tag: string; defect: string }
+        }
+        const flooded = yield* raw(Buffer.concat([Buffer.from(hello), Buffer.alloc(8 << 20, 10)]))
+        expect(refusal(flooded)).toMatchObject({
+          _tag: "Defect",
+          defect: expect.stringContaining("not a control message")
         })
-        expect(flooded.some((r) => r.type === "turn_end")).toBe(false)
+        const long = yield* raw(Buffer.concat([Buffer.from(hello), Buffer.alloc(5 * 1024 * 1024, 0x61)]))
+        expect(refusal(long)).toMatchObject({
+          _tag: "Defect",
+          defect: expect.stringContaining("not a control message")
+        })
+        // a request of a tag the control plane does not have, and an id sent twice while in flight
+        const request = (id: string, tag: string, payload: unknown) =>
+          `${JSON.stringify({ _tag: "Request", id, tag, payload, headers: [] })}\n`
+        expect(refusal(yield* raw(hello + request("1", "Shell", {})))).toMatchObject({
+          defect: expect.stringContaining("not a request of the control plane: Shell")
+        })
+        const twice = request("7", "Attach", { typist: false })
+        expect(refusal(yield* raw(hello + twice + twice)).defect).toContain("request id 7 is in use")
+        expect((yield* status("sup")).sessionId).toBe(sessionId)
+
+        // a Stop that suspends, where the VM cannot be saved (FakeVmm): refused with its typed
+        // error, and the session runs on
+        const refused = yield* stop("sup", { suspend: true }).pipe(Effect.flip)
+        expect(refused._tag).toBe("SnapshotUnsupported")
         expect((yield* status("sup")).sessionId).toBe(sessionId)
 
         // stop: the requester hears "stopping", then its connection ends only once Close is done
@@ -272,7 +276,7 @@ describe("detached supervisor (FakeVmm)", () => {
   )
 
   it.live(
-    "exec -t: a tty turn over the control socket; input, resize and signal lines from its own connection",
+    "exec -t: a tty turn over the control socket; Input, Resize and Signal from its own connection",
     () => {
       const home = tempDir("abox-home-")
       return Effect.gen(function* () {
@@ -281,53 +285,39 @@ describe("detached supervisor (FakeVmm)", () => {
           onReady: (info) => Deferred.succeed(ready, info)
         }).pipe(Effect.fork)
         yield* Deferred.await(ready)
-        const run = (
-          text: string,
-          drive: (
-            send: (line: ControlRequest) => Effect.Effect<void, unknown>
-          ) => Effect.Effect<void, unknown>
-        ) =>
-          Effect.scoped(
-            Effect.gen(function* () {
-              const connection = yield* connect("tty")
-              yield* connection.send({ type: "turn", text, tty: { rows: 25, cols: 90, term: "xterm" } })
-              const replies: Array<ControlReply> = []
-              let driven = false
-              yield* connection.replies.pipe(
-                Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
-                Stream.runForEach((reply) =>
-                  Effect.gen(function* () {
-                    replies.push(reply)
-                    if (!driven && stdoutOf(replies).includes("ready")) {
-                      driven = true
-                      yield* drive(connection.send)
-                    }
-                  })
-                )
+        const run = (text: string, drive: ReadonlyArray<TtyControl>) =>
+          Effect.gen(function* () {
+            // the controls go once the command said it is ready
+            const ready = yield* Deferred.make<void>()
+            const controls = Stream.fromEffect(Deferred.await(ready)).pipe(
+              Stream.flatMap(() => Stream.fromIterable(drive)),
+              Stream.tap(() => realSleep(300))
+            )
+            const items: Array<Item> = []
+            yield* remoteTurn("tty", { text, tty: { rows: 25, cols: 90, term: "xterm" } }, controls).pipe(
+              Stream.runForEach((item) =>
+                Effect.gen(function* () {
+                  items.push(item)
+                  if (stdoutOf(items).includes("ready")) yield* Deferred.succeed(ready, undefined)
+                })
               )
-              return replies
-            })
-          )
+            )
+            return items
+          })
         const typed = yield* run(
           'stty size; echo "term=$TERM"; echo ready; read line; stty size; echo "got=$line"',
-          (send) =>
-            Effect.gen(function* () {
-              yield* send({ type: "resize", rows: 40, cols: 100 })
-              yield* realSleep(300)
-              yield* send({ type: "input", data: Buffer.from("abc\r").toString("base64") })
-            })
+          [
+            { _tag: "Resize", rows: 40, cols: 100 },
+            { _tag: "Input", bytes: Buffer.from("abc\r") }
+          ]
         )
         expect(stdoutOf(typed)).toMatch(/^25 90\r\nterm=xterm\r\nready\r\n/)
         expect(stdoutOf(typed)).toContain("40 100\r\ngot=abc\r\n")
         expect(endOf(typed)).toMatchObject({ exitCode: 0, cancelled: false })
         // ^C typed is the line discipline's SIGINT; a signal line reaches the command too
-        const interrupted = yield* run("echo ready; sleep 30", (send) =>
-          send({ type: "input", data: Buffer.from([3]).toString("base64") })
-        )
+        const interrupted = yield* run("echo ready; sleep 30", [{ _tag: "Input", bytes: Buffer.from([3]) }])
         expect(endOf(interrupted)).toMatchObject({ exitCode: 130 })
-        const signalled = yield* run("echo ready; sleep 30", (send) =>
-          send({ type: "signal", signal: "SIGTERM" })
-        )
+        const signalled = yield* run("echo ready; sleep 30", [{ _tag: "Signal", signal: "SIGTERM" }])
         expect(endOf(signalled)).toMatchObject({ exitCode: 143 })
         yield* stop("tty")
         expect(yield* Fiber.join(supervisor)).toBe("stop")
@@ -482,18 +472,71 @@ describe("detached supervisor (FakeVmm)", () => {
   )
 
   it.live(
+    "a client of this version and a supervisor of the old JSON-lines protocol part with ControlVersionMismatch, not a hang",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const id = yield* Effect.scoped(Effect.map(open({ source: source(), name: "old" }), (s) => s.id))
+        const socket = controlSocketPath(path.join(home, "sessions", id))
+        // a v1 supervisor: any first line that is not one of its requests gets its error line
+        yield* Effect.acquireRelease(
+          Effect.async<net.Server>((resume) => {
+            const server = net.createServer((c) => {
+              c.once("data", () =>
+                c.write(
+                  JSON.stringify({
+                    type: "error",
+                    error: { _tag: "ControlError", reason: "bad request", message: "not a control request" }
+                  }) + "\n"
+                )
+              )
+            })
+            server.listen(socket, () => resume(Effect.succeed(server)))
+          }),
+          (server) => Effect.sync(() => server.close())
+        )
+        const refused = yield* status("old").pipe(Effect.flip, Effect.timeout("20 seconds"))
+        expect(refused).toMatchObject({ _tag: "ControlVersionMismatch", version: 2, peer: null })
+        expect(refused.message).toContain("older control protocol")
+        const turn = yield* exec("old", { text: "true" }).pipe(Effect.flip, Effect.timeout("20 seconds"))
+        expect(turn._tag).toBe("ControlVersionMismatch")
+      }).pipe(Effect.scoped, Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
     "stop of a supervisor that does not finish takes the bounded kill path: SIGTERM, then SIGKILL",
     () => {
       const home = tempDir("abox-home-")
       return Effect.gen(function* () {
         const id = yield* Effect.scoped(Effect.map(open({ source: source(), name: "hang" }), (s) => s.id))
         const socket = controlSocketPath(path.join(home, "sessions", id))
-        /** a stand-in supervisor: answers stop with `pid` and then never ends the connection */
+        /** a stand-in supervisor: welcomes, answers Stop with `pid` and then never ends the connection */
         const hanging = (pid: number) =>
           Effect.acquireRelease(
             Effect.async<net.Server>((resume) => {
               const server = net.createServer((c) => {
-                c.once("data", () => c.write(JSON.stringify({ type: "stopping", pid }) + "\n"))
+                let got = ""
+                let welcomed = false
+                c.on("data", (d: Buffer) => {
+                  got += d.toString()
+                  for (let nl = got.indexOf("\n"); nl >= 0; nl = got.indexOf("\n")) {
+                    const line = JSON.parse(got.slice(0, nl)) as { _tag?: string; tag?: string; id?: string }
+                    got = got.slice(nl + 1)
+                    if (!welcomed) {
+                      welcomed = true
+                      c.write(JSON.stringify({ type: "welcome", version: 2 }) + "\n")
+                    } else if (line._tag === "Request" && line.tag === "Stop")
+                      c.write(
+                        JSON.stringify({
+                          _tag: "Chunk",
+                          requestId: line.id,
+                          values: [{ _tag: "Stopping", pid }]
+                        }) + "\n"
+                      )
+                  }
+                })
               })
               server.listen(socket, () => resume(Effect.succeed(server)))
             }),
@@ -555,11 +598,10 @@ describe("detached supervisor (FakeVmm)", () => {
         const out = tempDir("abox-cp-gone-")
         yield* Effect.scoped(
           Effect.gen(function* () {
-            const connection = yield* connect("gone")
-            yield* connection.send({
-              type: "repo",
-              request: { op: "copy_out", guestPath: name, hostPath: path.join(out, "copy.bin") }
-            })
+            const { client } = yield* connect("gone")
+            yield* client
+              .CopyOut({ guestPath: name, hostPath: path.join(out, "copy.bin") })
+              .pipe(Effect.forkScoped)
             yield* realSleep(1000)
             expect(processesMentioning(name).length).toBeGreaterThan(0)
           })

@@ -1,7 +1,7 @@
 /**
  * A turn's output bytes through every wire they cross as an event: the guest's `agent_event`
  * (guest/turns.ts `outputEvent`), the host's output-channel record (`recordEvent`), then a
- * supervisor's control reply (JSON line) rebuilt on the client by `agentTurnEvent`, the one
+ * supervisor's control reply (the Turn RPC's element, JSON) rebuilt on the client by `agentTurnEvent`, the one
  * rebuild the CLI and the SDK share. Each comes back exactly, a leading BOM included.
  */
 import { describe, expect, it } from "@effect/vitest"
@@ -9,7 +9,8 @@ import * as Either from "effect/Either"
 import * as crypto from "node:crypto"
 import { outputEvent } from "../src/guest/turns.js"
 import { recordEvent } from "../src/layers/guestRpc/turnOutput.js"
-import { decodeReply, encodeReply } from "../src/protocol/Control.js"
+import * as Schema from "effect/Schema"
+import { TurnOutput } from "../src/services/ControlRpc.js"
 import type { AgentEvent } from "../src/protocol/Messages.js"
 import { agentTurnEvent } from "../src/services/GuestRpc.js"
 
@@ -24,9 +25,9 @@ const cases: ReadonlyArray<readonly [string, Uint8Array]> = [
 
 /** the event as a supervisor relays it and a client reads it back */
 const relayed = (event: AgentEvent): Uint8Array => {
-  const line = encodeReply({ type: "event", turn: 1, event })
-  const reply = Either.getOrThrow(decodeReply(line))
-  if (reply.type !== "event") throw new Error(`expected an event, got ${reply.type}`)
+  const line = Schema.encodeSync(Schema.parseJson(TurnOutput))({ _tag: "Event", turn: 1, event })
+  const reply = Either.getOrThrow(Schema.decodeUnknownEither(Schema.parseJson(TurnOutput))(line))
+  if (reply._tag !== "Event") throw new Error(`expected an event, got ${reply._tag}`)
   const rebuilt = agentTurnEvent(reply.event)
   if (rebuilt._tag !== "Event" || rebuilt.bytes === undefined) throw new Error("no bytes rebuilt")
   return rebuilt.bytes

@@ -63,6 +63,8 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   SourceChanged: 97,
   PatchFailed: 98,
   MergeConflicts: 102,
+  // detached sessions: the client and the supervisor speak different control protocol versions
+  ControlVersionMismatch: 103,
   // image import: the archive is not an image abox takes, or breaks a rule of untrusted input
   ImageImportRefused: 110,
   // environments (docs/environments.md): the repository's environment file does not decode; its

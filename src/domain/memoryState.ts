@@ -39,3 +39,9 @@ export class SnapshotUnsupported extends Schema.TaggedError<SnapshotUnsupported>
   backend: Schema.String,
   message: Schema.String
 }) {}
+
+/** a suspend that cannot happen now (a turn runs, the guest predates resume, the VM is gone) */
+export class SuspendRefused extends Schema.TaggedError<SuspendRefused>()("SuspendRefused", {
+  reason: Schema.String,
+  message: Schema.String
+}) {}

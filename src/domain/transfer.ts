@@ -5,3 +5,9 @@ export class TransferFailed extends Schema.TaggedError<TransferFailed>()("Transf
   reason: Schema.String,
   message: Schema.String
 }) {}
+
+/** a host directory or file to copy in (a session's source, `cp` into it) that cannot be read as one */
+export class SourceInvalid extends Schema.TaggedError<SourceInvalid>()("SourceInvalid", {
+  path: Schema.String,
+  message: Schema.String
+}) {}

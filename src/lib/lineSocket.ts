@@ -1,6 +1,7 @@
-// Raw node:net: the control socket (docs/detached.md) is JSON lines that may turn into a raw byte
-// stream (`forward`), which @effect/platform's Socket does not hand out. This is the one adapter
-// at that boundary: lines in as an Effect per line, lines out as an Effect per write.
+// Raw node:net: a control connection (docs/detached.md) begins with one handshake line each way,
+// then carries RPC messages (@effect/rpc over @effect/platform's Socket, `duplexAfter`) or raw
+// bytes (`forward`), which @effect/platform's Socket does not hand out. This is the one adapter at
+// that boundary: lines in as an Effect per line, lines out as an Effect per write.
 import * as Chunk from "effect/Chunk"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
@@ -8,6 +9,7 @@ import * as Queue from "effect/Queue"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as net from "node:net"
+import { Duplex, PassThrough } from "node:stream"
 import { ControlError, MAX_CONTROL_LINE } from "../protocol/Control.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { listenUnixServer } from "./unixServer.js"
@@ -115,6 +117,29 @@ export class LineSocket {
   get closed(): boolean {
     return this.socket.destroyed
   }
+}
+
+/**
+ * The socket after its handshake line, as one Duplex: what LineSocket had read past the line
+ * first, then the socket's bytes; writes go to the socket. Its readable side holds the bytes
+ * until a reader takes them (nothing is lost between the handshake and the next reader).
+ */
+export const duplexAfter = (lines: LineSocket): Duplex => {
+  const rest = lines.takeRaw()
+  const socket = lines.socket
+  const readable = new PassThrough()
+  if (rest.length > 0) readable.write(rest)
+  socket.pipe(readable)
+  // a socket that closes without its end (reset, destroyed) ends the readable side too
+  socket.once("close", () => readable.end())
+  socket.resume()
+  const duplex = Duplex.from({ readable, writable: socket })
+  duplex.once("close", () => socket.destroy())
+  // a reset or a destroy ends the stream; its reader sees that as the close (no unhandled error)
+  const ignore = () => undefined
+  duplex.on("error", ignore)
+  socket.on("error", ignore)
+  return duplex
 }
 
 /** one line, as an Effect: None at the end of the stream */

@@ -1,5 +1,4 @@
 import * as Effect from "effect/Effect"
-import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import type { Stats } from "node:fs"
 import { constants as fsConstants } from "node:fs"
@@ -8,11 +7,9 @@ import * as path from "node:path"
 import * as tar from "tar"
 import { TransferFailed } from "../domain/transfer.js"
 import { errorMessage } from "../domain/errorMessage.js"
+import { SourceInvalid } from "../domain/transfer.js"
 
-export class SourceInvalid extends Schema.TaggedError<SourceInvalid>()("SourceInvalid", {
-  path: Schema.String,
-  message: Schema.String
-}) {}
+export { SourceInvalid } from "../domain/transfer.js"
 
 /** What a walk of the source found, before anything is copied. */
 export interface SourceScan {

@@ -1,14 +1,22 @@
 /**
  * Clients of a detached session (docs/detached.md): start a supervisor in the background, and
- * talk to a running one over its control socket (status, turns, attach, stop, forward). The CLI
- * and the SDK share these.
+ * talk to a running one over its control socket (`ControlRpcs` through an `RpcClient`; a port
+ * forward as raw bytes). The CLI and the SDK share these; `remoteSession` is the Session
+ * contract (src/services/Session.ts) over them.
  */
+import * as NodeSocket from "@effect/platform-node/NodeSocket"
+import * as Socket from "@effect/platform/Socket"
+import type * as CommandExecutor from "@effect/platform/CommandExecutor"
+import * as RpcClient from "@effect/rpc/RpcClient"
+import type { RpcClientError } from "@effect/rpc/RpcClientError"
+import * as RpcSerialization from "@effect/rpc/RpcSerialization"
 import * as Config from "effect/Config"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
 import * as Option from "effect/Option"
 import * as Queue from "effect/Queue"
+import * as Schedule from "effect/Schedule"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import { spawn } from "node:child_process"
@@ -16,40 +24,34 @@ import * as fs from "node:fs"
 import type * as net from "node:net"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { connectUnix, LineSocket, listenLoopback, readLine, splice, writeLine } from "../lib/lineSocket.js"
-import { SourceInvalid } from "../lib/snapshot.js"
+import {
+  connectUnix,
+  duplexAfter,
+  LineSocket,
+  listenLoopback,
+  readLine,
+  splice,
+  writeLine
+} from "../lib/lineSocket.js"
 import { controlSocketPath } from "../lib/socketPath.js"
 import type { TurnLimits } from "../protocol/Messages.js"
 import {
+  CONTROL_VERSION,
   ControlError,
   ControlRefused,
-  type ControlReply,
-  type ControlRequest,
+  ControlVersionMismatch,
   decodeReadyLine,
-  decodeReply,
-  encodeRequest,
+  decodeWelcome,
+  encodeHello,
   type ErrorFields,
   MAX_REMOTE_PATCH,
-  type RepoDone,
-  type RepoOp,
   SessionNotRunning,
-  type StatusReply
+  type TurnRequest
 } from "../protocol/Control.js"
-import { AboxPaths } from "../services/AboxPaths.js"
-import {
-  agentTurnEvent,
-  type TurnEvent,
-  ForwardRefused,
-  GuestDisconnected,
-  GuestTimeout,
-  GuestTooNew,
-  GuestTooOld,
-  ProtocolError,
-  TtyUnsupported
-} from "../services/GuestRpc.js"
+import { ControlRpcs, controlSerialization, type StatusInfo } from "../services/ControlRpc.js"
 import { BrokerError, BrokerPolicyError } from "../services/HttpsBroker.js"
 import { DiskError, ImageNotFound } from "../domain/image.js"
-import { TransferFailed } from "../domain/transfer.js"
+import { SourceInvalid, TransferFailed } from "../domain/transfer.js"
 import { LockError, SessionBusy } from "../services/RuntimeLock.js"
 import {
   InvalidName,
@@ -57,26 +59,21 @@ import {
   SessionCorrupt,
   SessionFormatTooNew,
   SessionNotFound,
-  SessionStore,
   StoreIoError
 } from "../services/SessionStore.js"
-import {
-  ArchiveRefused,
-  MergeConflicts,
-  PatchFailed,
-  RepoPathInvalid,
-  RepoToolFailed,
-  SourceChanged
-} from "../domain/repoErrors.js"
 import { VmmError, VmmUnavailable } from "../domain/vm.js"
+import { GuestTimeout, GuestTooNew, GuestTooOld, ProtocolError } from "../services/GuestRpc.js"
 import { SessionIncompatible } from "./compat.js"
-import { SuspendRefused } from "./suspend.js"
-import { SnapshotUnsupported } from "../domain/memoryState.js"
+import { AboxPaths } from "../services/AboxPaths.js"
+import { agentTurnEvent, ForwardRefused, GuestDisconnected, type TurnEvent } from "../services/GuestRpc.js"
+import { SessionStore } from "../services/SessionStore.js"
+import type { SessionContract, SessionRepo } from "../services/Session.js"
+import * as Repo from "./repo.js"
 
 // ---- errors across the process boundary ----
 
-/** the errors a supervisor may report, decoded back into their classes on the client */
-const KnownError = Schema.Union(
+/** what starting a supervisor (Open or Resume in it) may fail with, told on its ready pipe */
+export const StartError = Schema.Union(
   SessionNotFound,
   SessionCorrupt,
   SessionFormatTooNew,
@@ -99,26 +96,23 @@ const KnownError = Schema.Union(
   DiskError,
   BrokerPolicyError,
   BrokerError,
-  SessionNotRunning,
-  ControlError,
-  ForwardRefused,
-  ArchiveRefused,
-  SourceChanged,
-  MergeConflicts,
-  PatchFailed,
-  RepoToolFailed,
-  RepoPathInvalid,
-  TtyUnsupported,
-  SuspendRefused,
-  SnapshotUnsupported
+  ControlError
 )
-export type RemoteError = typeof KnownError.Type | ControlRefused
-const decodeKnown = Schema.decodeUnknownEither(KnownError)
-
-/** an error a supervisor sent, as its own class when known (so it maps to its own exit code) */
-export const remoteError = (fields: ErrorFields): RemoteError =>
+export type StartError = typeof StartError.Type
+const decodeStartError = Schema.decodeUnknownEither(StartError)
+/** an error a supervisor sent on its ready pipe, as its own class when known (so it maps to its exit code) */
+export const remoteError = (fields: ErrorFields): StartError | ControlRefused =>
   Either.getOrElse(
-    decodeKnown(fields),
+    decodeStartError(fields),
+    () => new ControlRefused({ tag: fields._tag, message: fields.message })
+  )
+
+/** what a supervisor may refuse a connection with: another version, a port forward the guest refused */
+const Refusal = Schema.Union(ControlVersionMismatch, ForwardRefused, GuestDisconnected)
+const decodeRefusal = Schema.decodeUnknownEither(Refusal)
+const refusalOf = (fields: ErrorFields) =>
+  Either.getOrElse(
+    decodeRefusal(fields),
     () => new ControlRefused({ tag: fields._tag, message: fields.message })
   )
 
@@ -235,23 +229,16 @@ export const startDetached = Effect.fn("detached.start")(function* (spec: Superv
 
 // ---- control connections ----
 
-export interface ControlConnection {
-  readonly sessionId: string
-  readonly socket: net.Socket
-  readonly send: (request: ControlRequest) => Effect.Effect<void, ControlError>
-  /** the next reply; None when the supervisor closed the connection */
-  readonly next: Effect.Effect<Option.Option<ControlReply>, ControlError>
-  /** every reply until the connection ends */
-  readonly replies: Stream.Stream<ControlReply, ControlError>
-  /** leave line mode (after `forward_ok`): the bytes already read past the last line */
-  readonly takeRaw: () => Buffer
-}
+/** how long a supervisor may take to answer a connection's handshake */
+const HANDSHAKE_TIMEOUT = Duration.seconds(10)
 
 /**
- * A connection to the supervisor of `ref` (id or name), closed with the scope. No supervisor
- * (no socket, or a stale one nobody listens on) → `SessionNotRunning`.
+ * A connection to the supervisor of `ref` (id or name) past its handshake, closed with the
+ * scope: the versions agreed, or the supervisor's typed refusal. No supervisor (no socket, or a
+ * stale one nobody listens on) → `SessionNotRunning`; one of another version →
+ * `ControlVersionMismatch` (an older one answers our hello with its own protocol's error line).
  */
-export const connect = Effect.fn("detached.connect")(function* (ref: string) {
+const dial = Effect.fn("detached.dial")(function* (ref: string, forwardPort?: number) {
   const store = yield* SessionStore
   const { id: sessionId, dir } = yield* store.locate(ref)
   const socketPath = controlSocketPath(dir)
@@ -269,63 +256,68 @@ export const connect = Effect.fn("detached.connect")(function* (ref: string) {
     (socket) => Effect.sync(() => socket.destroy())
   )
   const lines = new LineSocket(socket)
-  const next = readLine(lines).pipe(
-    Effect.flatMap(
-      Option.match({
-        onNone: () => Effect.succeed(Option.none<ControlReply>()),
-        onSome: (line) =>
-          Either.match(decodeReply(line), {
-            onLeft: (error) =>
-              Effect.fail(
-                new ControlError({ reason: "protocol", message: `supervisor reply: ${error.message}` })
-              ),
-            onRight: (reply) => Effect.succeed(Option.some(reply))
-          })
-      })
-    )
-  )
-  return {
-    sessionId,
+  yield* writeLine(
     socket,
-    send: (request: ControlRequest) => writeLine(socket, encodeRequest(request)),
-    next,
-    takeRaw: () => lines.takeRaw(),
-    replies: Stream.repeatEffectOption(
-      next.pipe(
-        Effect.mapError(Option.some),
-        Effect.flatMap(Option.match({ onNone: () => Effect.fail(Option.none()), onSome: Effect.succeed }))
-      )
-    )
-  } satisfies ControlConnection
+    encodeHello({
+      type: "hello",
+      version: CONTROL_VERSION,
+      ...(forwardPort === undefined ? {} : { forward: forwardPort })
+    })
+  )
+  const answer = yield* readLine(lines).pipe(
+    Effect.timeoutFail({
+      duration: HANDSHAKE_TIMEOUT,
+      onTimeout: () =>
+        new ControlError({
+          reason: "handshake",
+          message: `the supervisor of ${ref} did not answer the handshake`
+        })
+    })
+  )
+  if (Option.isNone(answer))
+    return yield* new ControlError({ reason: "closed", message: "the supervisor closed the connection" })
+  const welcome = decodeWelcome(answer.value)
+  if (Either.isLeft(welcome))
+    return yield* new ControlVersionMismatch({
+      version: CONTROL_VERSION,
+      peer: null,
+      message: `the supervisor of session ${ref} speaks an older control protocol than this abox (v${CONTROL_VERSION}): stop it with the abox that started it, then start it again`
+    })
+  if (welcome.right.type === "refused") return yield* refusalOf(welcome.right.error)
+  return { sessionId, socket, lines }
 })
 
-/** the first reply to `request`; an `error` reply fails with its typed error */
-const ask = (connection: ControlConnection, request: ControlRequest) =>
-  Effect.gen(function* () {
-    yield* connection.send(request)
-    const reply = yield* connection.next
-    if (Option.isNone(reply))
-      return yield* new ControlError({ reason: "closed", message: "the supervisor closed the connection" })
-    if (reply.value.type === "error") return yield* remoteError(reply.value.error)
-    return reply.value
-  })
+/** an RpcClient call's failure of the connection itself */
+const connectionLost = (error: RpcClientError) =>
+  new ControlError({ reason: "closed", message: `control connection: ${error.message}` })
+
+const makeClient = RpcClient.make(ControlRpcs)
+export type ControlClient = Effect.Effect.Success<typeof makeClient>
+
+/**
+ * The control plane of the session `ref` (id or name): an RpcClient of `ControlRpcs` on a
+ * connection of its own, closed with the scope. A connection that breaks fails every call on it
+ * (RpcClientError); it is not dialled again.
+ */
+export const connect = Effect.fn("detached.connect")(function* (ref: string) {
+  const { sessionId, lines } = yield* dial(ref)
+  const socket = yield* NodeSocket.fromDuplex(Effect.sync(() => duplexAfter(lines)))
+  const protocol = yield* RpcClient.makeProtocolSocket({ retrySchedule: Schedule.stop }).pipe(
+    Effect.provideService(Socket.Socket, socket),
+    Effect.provideService(RpcSerialization.RpcSerialization, controlSerialization)
+  )
+  const client = yield* makeClient.pipe(Effect.provideService(RpcClient.Protocol, protocol))
+  return { sessionId, client }
+})
 
 /** a running session's supervisor: pid, start time, clients, the turn running now */
 export const status = (ref: string) =>
   Effect.scoped(
-    Effect.gen(function* () {
-      const connection = yield* connect(ref)
-      const reply = yield* ask(connection, { type: "status" })
-      if (reply.type !== "status")
-        return yield* new ControlError({ reason: "protocol", message: `expected status, got ${reply.type}` })
-      return reply
-    })
+    Effect.flatMap(connect(ref), ({ client }) => client.Status().pipe(Effect.mapError(connectionLost)))
   )
 
 /** like `status`, with None for a session nobody serves */
-export const statusIfRunning = (
-  ref: string
-): Effect.Effect<Option.Option<StatusReply>, never, SessionStore> =>
+export const statusIfRunning = (ref: string): Effect.Effect<Option.Option<StatusInfo>, never, SessionStore> =>
   status(ref).pipe(Effect.timeout(Duration.seconds(5)), Effect.option)
 
 export interface StopOptions {
@@ -363,110 +355,137 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
   const timeout = Duration.decode(options.timeout ?? Duration.seconds(60))
   return yield* Effect.scoped(
     Effect.gen(function* () {
-      const connection = yield* connect(ref)
-      const reply = yield* ask(connection, {
-        type: "stop",
-        ...(options.suspend === true ? { suspend: true } : {})
-      })
-      if (reply.type !== "stopping")
-        return yield* new ControlError({
-          reason: "protocol",
-          message: `expected stopping, got ${reply.type}`
-        })
-      const closed = yield* Stream.runDrain(connection.replies).pipe(
+      const { client } = yield* connect(ref)
+      // `Stopping`, then nothing until the connection ends with the process
+      const replies = yield* Stream.toPull(client.Stop({ suspend: options.suspend === true }))
+      const first = yield* replies.pipe(
+        Effect.mapError(
+          Option.match({
+            onNone: () =>
+              new ControlError({ reason: "closed", message: "the supervisor closed the connection" }),
+            onSome: (error) => (error._tag === "RpcClientError" ? connectionLost(error) : error)
+          })
+        )
+      )
+      const pid = first.pipe((chunk) => [...chunk][0]?.pid)
+      if (pid === undefined)
+        return yield* new ControlError({ reason: "protocol", message: "no Stopping from the supervisor" })
+      const closed = yield* replies.pipe(
+        Effect.forever,
         Effect.ignore,
         Effect.timeout(timeout),
         Effect.isSuccess
       )
       if (closed) {
         // the connection ends as the process exits: give it a moment to be reaped
-        yield* waitGone(reply.pid, Duration.seconds(5))
-        return { how: "stopped" as const, pid: reply.pid }
+        yield* waitGone(pid, Duration.seconds(5))
+        return { how: "stopped" as const, pid }
       }
-      yield* Effect.sync(() => process.kill(reply.pid, "SIGTERM")).pipe(Effect.ignore)
-      if (yield* waitGone(reply.pid, Duration.decode(options.terminateWait ?? Duration.seconds(30))))
-        return { how: "terminated" as const, pid: reply.pid }
-      yield* Effect.sync(() => process.kill(reply.pid, "SIGKILL")).pipe(Effect.ignore)
-      yield* waitGone(reply.pid, Duration.seconds(5))
-      return { how: "killed" as const, pid: reply.pid }
+      yield* Effect.sync(() => process.kill(pid, "SIGTERM")).pipe(Effect.ignore)
+      if (yield* waitGone(pid, Duration.decode(options.terminateWait ?? Duration.seconds(30))))
+        return { how: "terminated" as const, pid }
+      yield* Effect.sync(() => process.kill(pid, "SIGKILL")).pipe(Effect.ignore)
+      yield* waitGone(pid, Duration.seconds(5))
+      return { how: "killed" as const, pid }
     })
   )
 })
 
 /**
- * A running session frozen for a fork (the control protocol's `fork`): its disks become frozen
- * layers, its memory is saved into `statePath`, it runs on. Returns the frozen layers and the
- * saved state's manifest.
+/**
+ * A running session frozen for a fork (the `Fork` RPC): its disks become frozen layers, its
+ * memory is saved into `statePath`, it runs on. Returns the frozen layers and the saved state's
+ * manifest.
  */
 export const freeze = Effect.fn("detached.freeze")(function* (ref: string, statePath: string) {
   return yield* Effect.scoped(
-    Effect.gen(function* () {
-      const connection = yield* connect(ref)
-      const reply = yield* ask(connection, { type: "fork", statePath })
-      if (reply.type !== "forked")
-        return yield* new ControlError({ reason: "protocol", message: `expected forked, got ${reply.type}` })
-      return reply
-    })
+    Effect.flatMap(connect(ref), ({ client }) =>
+      client
+        .Fork({ statePath })
+        .pipe(Effect.mapError((error) => (error._tag === "RpcClientError" ? connectionLost(error) : error)))
+    )
   )
 })
 
 /**
- * One turn in a running session, as the in-process `Session.turn` gives it: the guest's events,
- * then `End`. Interrupting the stream (leaving a loop early) cancels the turn, as in-process.
+ * One turn in a running session, as the in-process `Session.turn` gives it: the guest's events
+ * (their exact bytes rebuilt), then `End`. Interrupting the stream (leaving a loop early)
+ * cancels the turn, as in-process. With `tty`, `controls` are its keys, sizes and signals.
  */
 export const remoteTurn = (
+  ref: string,
+  request: TurnRequest,
+  controls?: Stream.Stream<
+    | { readonly _tag: "Input"; readonly bytes: Uint8Array }
+    | { readonly _tag: "Resize"; readonly rows: number; readonly cols: number }
+    | {
+        readonly _tag: "Signal"
+        readonly signal: "SIGINT" | "SIGTERM" | "SIGHUP" | "SIGQUIT" | "SIGKILL" | "SIGUSR1" | "SIGUSR2"
+      }
+  >
+) =>
+  Stream.unwrapScoped(
+    Effect.gen(function* () {
+      const { client } = yield* connect(ref)
+      const scope = yield* Effect.scope
+      let ended = false
+      // the caller left before the end: the turn is the supervisor's, so it is told to cancel
+      yield* Effect.addFinalizer(() => (ended ? Effect.void : client.Cancel().pipe(Effect.ignore)))
+      const turn = client.Turn(request).pipe(
+        Stream.mapError((error) => (error._tag === "RpcClientError" ? connectionLost(error) : error)),
+        Stream.tap((item) => Effect.sync(() => (ended = ended || item._tag === "Ended"))),
+        Stream.tapError(() => Effect.sync(() => (ended = true)))
+      )
+      if (controls === undefined) return turn
+      const send = controls.pipe(
+        Stream.runForEach((control) =>
+          control._tag === "Input"
+            ? client.Input({ data: control.bytes })
+            : control._tag === "Resize"
+              ? client.Resize({ rows: control.rows, cols: control.cols })
+              : client.Signal({ signal: control.signal })
+        ),
+        Effect.ignore
+      )
+      // the controls go once the turn has begun (before, the supervisor has no turn to give them)
+      return turn.pipe(
+        Stream.tap((item) => (item._tag === "Started" ? Effect.forkIn(send, scope) : Effect.void))
+      )
+    })
+  ).pipe(Stream.withSpan("detached.turn", { attributes: { ref } }))
+
+/** `remoteTurn` as `Session.turn` gives it: the guest's events (exact bytes), then `End` */
+export const remoteTurnEvents = (
   ref: string,
   text: string,
   mode: "shell" | "prompt" = "shell",
   limits?: TurnLimits
-): Stream.Stream<TurnEvent, RemoteError, SessionStore> =>
-  Stream.unwrapScoped(
-    Effect.gen(function* () {
-      const connection = yield* connect(ref)
-      yield* connection.send({
-        type: "turn",
-        text,
-        ...(mode === "prompt" ? { mode } : {}),
-        ...(limits === undefined ? {} : { limits })
-      })
-      let ended = false
-      yield* Effect.addFinalizer(() =>
-        ended ? Effect.void : connection.send({ type: "cancel" }).pipe(Effect.ignore)
-      )
-      return connection.replies.pipe(
-        Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
-        Stream.mapEffect((reply): Effect.Effect<Option.Option<TurnEvent>, RemoteError> => {
-          switch (reply.type) {
-            case "event":
-              // the exact bytes rebuilt from the relayed event, as in-process
-              return Effect.succeed(Option.some(agentTurnEvent(reply.event)))
-            case "turn_end":
-              ended = true
-              return Effect.succeed(
-                Option.some({
-                  _tag: "End",
-                  exitCode: reply.exitCode,
-                  signal: reply.signal,
-                  cancelled: reply.cancelled
-                })
-              )
-            case "error":
-              ended = true
-              return Effect.fail(remoteError(reply.error))
-            default:
-              return Effect.succeed(Option.none())
-          }
-        }),
-        Stream.filterMap((event) => event)
-      )
-    })
-  ).pipe(Stream.withSpan("detached.turn", { attributes: { ref, mode } }))
+): Stream.Stream<TurnEvent, RemoteTurnError, SessionStore> =>
+  remoteTurn(ref, {
+    text,
+    ...(mode === "prompt" ? { mode } : {}),
+    ...(limits === undefined ? {} : { limits })
+  }).pipe(
+    Stream.filterMap((item): Option.Option<TurnEvent> =>
+      item._tag === "Event"
+        ? Option.some(agentTurnEvent(item.event))
+        : item._tag === "Ended"
+          ? Option.some({
+              _tag: "End",
+              exitCode: item.exitCode,
+              signal: item.signal,
+              cancelled: item.cancelled
+            })
+          : Option.none()
+    )
+  )
+export type RemoteTurnError = Stream.Stream.Error<ReturnType<typeof remoteTurn>>
 
 export interface ForwardOptions {
   /** told once the host port listens (with the port, useful when 0 was asked) */
   readonly onListening?: ((port: number) => Effect.Effect<void>) | undefined
   /** told when a connection could not be forwarded (the guest refused it, …) */
-  readonly onRefused?: ((error: RemoteError) => Effect.Effect<void>) | undefined
+  readonly onRefused?: ((error: ForwardRefusal) => Effect.Effect<void>) | undefined
 }
 
 /**
@@ -481,97 +500,107 @@ export const forward = Effect.fn("detached.forward")(function* (
   options: ForwardOptions = {}
 ) {
   const watch = yield* connect(ref)
-  yield* watch.send({ type: "attach", typist: false })
+  // the session closing ends this watch
+  const watching = Stream.runDrain(watch.client.Attach({ typist: false })).pipe(Effect.ignore)
   const listener = yield* listenLoopback(hostPort)
   if (options.onListening !== undefined) yield* options.onListening(listener.port)
   const one = (tcp: net.Socket) =>
     Effect.gen(function* () {
       yield* Effect.addFinalizer(() => Effect.sync(() => tcp.destroy()))
       tcp.pause()
-      const connection = yield* connect(ref)
-      yield* connection.send({ type: "forward", port: guestPort })
-      const reply = yield* connection.next
-      if (Option.isNone(reply)) return
-      if (reply.value.type === "error") {
-        if (options.onRefused !== undefined) yield* options.onRefused(remoteError(reply.value.error))
+      const dialled = yield* dial(ref, guestPort).pipe(Effect.either)
+      if (Either.isLeft(dialled)) {
+        if (options.onRefused !== undefined) yield* options.onRefused(dialled.left)
         return
       }
-      // what the supervisor sent past forward_ok is the guest's first bytes: to the TCP client first
-      yield* splice(connection.socket, tcp, connection.takeRaw())
+      // what the supervisor sent past its welcome is the guest's first bytes: to the TCP client first
+      yield* splice(dialled.right.socket, tcp, dialled.right.lines.takeRaw())
     }).pipe(Effect.scoped, Effect.ignore)
   const serveAll = Queue.take(listener.connections).pipe(
     Effect.flatMap((tcp) => Effect.forkScoped(one(tcp))),
     Effect.forever
   )
-  // the session closing ends the watching connection
-  yield* Effect.raceFirst(serveAll, Stream.runDrain(watch.replies).pipe(Effect.ignore))
+  yield* Effect.raceFirst(serveAll, watching)
 })
+export type ForwardRefusal = Effect.Effect.Error<ReturnType<typeof dial>>
 
 // ---- repository operations on a running session ----
 
-/**
- * A repository operation run by the supervisor of a running session (docs/detached.md
- * "Repository operations"): host paths made absolute here (the supervisor has its own working
- * directory); a diff's pieces joined, at most MAX_REMOTE_PATCH characters.
- */
-export const remoteRepo = (
-  ref: string,
-  request: RepoOp
-): Effect.Effect<{ readonly text: string; readonly done: RepoDone }, RemoteError, SessionStore> =>
-  Effect.scoped(
-    Effect.gen(function* () {
-      const absolute: RepoOp =
-        request.op === "apply"
-          ? { ...request, to: path.resolve(request.to) }
-          : request.op === "copy_out" || request.op === "copy_in"
-            ? { ...request, hostPath: path.resolve(request.hostPath) }
-            : request
-      const connection = yield* connect(ref)
-      yield* connection.send({ type: "repo", request: absolute })
-      const chunks: Array<string> = []
-      let size = 0
-      while (true) {
-        const next = yield* connection.next
-        if (Option.isNone(next))
-          return yield* new ControlError({
-            reason: "closed",
-            message: "the supervisor closed the connection before the operation ended"
-          })
-        const reply = next.value
-        switch (reply.type) {
-          case "repo_data":
-            size += reply.data.length
-            if (size > MAX_REMOTE_PATCH)
-              return yield* new ControlError({
-                reason: "too large",
-                message: `the diff is larger than ${MAX_REMOTE_PATCH} characters; stop the session and use abox diff on it`
-              })
-            chunks.push(reply.data)
-            break
-          case "repo_done":
-            return { text: chunks.join(""), done: reply }
-          case "error":
-            return yield* Effect.fail(remoteError(reply.error))
-          default:
-            return yield* new ControlError({
-              reason: "protocol",
-              message: `unexpected reply to a repository operation: ${reply.type}`
-            })
-        }
-      }
-    })
+/** a call's RpcClientError (the connection broke) as ControlError */
+const mapRpc = <A, E>(effect: Effect.Effect<A, E | RpcClientError>) =>
+  Effect.mapError(effect, (error) =>
+    (error as { _tag?: unknown })._tag === "RpcClientError"
+      ? connectionLost(error as RpcClientError)
+      : (error as E)
   )
 
 /**
- * `operation` on a session: through its supervisor when one serves it (`remote`), else on a
- * connection of its own (booted for it and closed again: `Repo.withConnection`)
+ * The Session contract of the session `ref` through its supervisor: turns, and the repository
+ * operations (docs/detached.md "Repository operations"), each on a connection of its own; the
+ * supervisor runs them on its session's connection, as on a stopped session. Host paths are
+ * made absolute here (the supervisor has its own working directory).
  */
-export const viaSupervisorOr = <A, E, R, B>(
-  ref: string,
-  remote: RepoOp,
-  fromRemote: (result: { readonly text: string; readonly done: RepoDone }) => B,
-  local: Effect.Effect<A, E, R>
-): Effect.Effect<A | B, E | RemoteError, R | SessionStore> =>
-  Effect.flatMap(statusIfRunning(ref), (running): Effect.Effect<A | B, E | RemoteError, R | SessionStore> =>
-    Option.isSome(running) ? Effect.map(remoteRepo(running.value.sessionId, remote), fromRemote) : local
-  )
+export const remoteSession = (ref: string) => {
+  const on = <A, E>(call: (client: ControlClient) => Effect.Effect<A, E | RpcClientError>) =>
+    Effect.scoped(Effect.flatMap(connect(ref), ({ client }) => mapRpc(call(client))))
+  return {
+    diff: (options = {}) =>
+      Effect.scoped(
+        Effect.flatMap(connect(ref), ({ client }) =>
+          client.Diff({ stat: options.stat, paths: options.paths }).pipe(
+            Stream.mapError((error) => (error._tag === "RpcClientError" ? connectionLost(error) : error)),
+            Stream.runFoldEffect("", (text, piece) =>
+              text.length + piece.length > MAX_REMOTE_PATCH
+                ? new ControlError({
+                    reason: "too large",
+                    message: `the diff is larger than ${MAX_REMOTE_PATCH} characters; stop the session and use abox diff on it`
+                  })
+                : Effect.succeed(text + piece)
+            )
+          )
+        )
+      ),
+    apply: (options) => on((client) => client.Apply({ ...options, to: path.resolve(options.to) })),
+    copyOut: (guestPath, hostPath, options = {}) =>
+      on((client) =>
+        client.CopyOut({ guestPath, hostPath: path.resolve(hostPath), includeGit: options.includeGit })
+      ),
+    copyIn: (hostPath, guestDir) =>
+      on((client) => client.CopyIn({ hostPath: path.resolve(hostPath), guestDir })),
+    readFile: (guestPath) => on((client) => client.ReadFile({ path: guestPath })),
+    writeFile: (guestPath, data, mode) =>
+      on((client) =>
+        client.WriteFile({
+          path: guestPath,
+          data: typeof data === "string" ? new TextEncoder().encode(data) : data,
+          mode
+        })
+      ),
+    listFiles: (guestPath) => on((client) => client.ListFiles({ path: guestPath })),
+    turn: (text, mode, limits) => remoteTurnEvents(ref, text, mode, limits)
+  } satisfies SessionContract<unknown, SessionStore>
+}
+export type RemoteSession = ReturnType<typeof remoteSession>
+export type RemoteError = Effect.Effect.Error<ReturnType<RemoteSession["diff"]>> | RemoteTurnError
+
+/**
+ * `operation` on a session's repository: through its supervisor when one serves it, else on a
+ * connection of its own (booted for it and closed again: `Repo.withConnection`). Either way the
+ * same contract (SessionRepo).
+ */
+export const withRepo = <A, E, R>(ref: string, operation: (repo: AnyRepo) => Effect.Effect<A, E, R>) =>
+  Effect.gen(function* () {
+    const running = yield* statusIfRunning(ref)
+    if (Option.isSome(running)) return yield* operation(remoteSession(running.value.sessionId))
+    return yield* Repo.withConnection(ref, (connection) => operation(Repo.localRepo(connection)))
+  })
+type ErrorsOf<T> = {
+  [K in keyof T]: T[K] extends (...args: ReadonlyArray<never>) => Effect.Effect<unknown, infer E, unknown>
+    ? E
+    : never
+}[keyof T]
+/** a session's repository on either side */
+export type AnyRepo = SessionRepo<
+  ErrorsOf<ReturnType<typeof Repo.localRepo>> | ErrorsOf<Omit<RemoteSession, "turn">>,
+  SessionStore | CommandExecutor.CommandExecutor
+>

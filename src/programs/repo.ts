@@ -13,6 +13,7 @@
  * into a fresh host directory through the untrusted-archive extractor, and lets host git
  * compare two trees made from them with no filters and no configuration of the user's.
  */
+import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Effect from "effect/Effect"
 import { createHash } from "node:crypto"
 import * as fs from "node:fs/promises"
@@ -33,6 +34,7 @@ import {
   SourceChanged
 } from "../domain/repoErrors.js"
 import { SessionStore } from "../services/SessionStore.js"
+import type { ApplyOptions, CopyOutOptions, DiffOptions, RepoEntry, SessionRepo } from "../services/Session.js"
 import { GUEST_REPO, resume, type BootOptions } from "./session.js"
 import { errorMessage } from "../domain/errorMessage.js"
 
@@ -202,12 +204,6 @@ const writeTree = (gitDir: string, root: string, scratch: string) =>
     return (yield* git(["write-tree"], { env })).toString("utf8").trim()
   })
 
-export interface DiffOptions {
-  /** limit to these repository paths */
-  readonly paths?: ReadonlyArray<string> | undefined
-  /** `git diff --stat` instead of the patch */
-  readonly stat?: boolean | undefined
-}
 
 /** both trees from the guest (baseline and repository, less .git), in a scoped host directory */
 const fetchTrees = (connection: GuestConnection) =>
@@ -292,18 +288,6 @@ const sameEntry = async (a: string, b: string): Promise<boolean> => {
   return (await hash(a)) === (await hash(b))
 }
 
-export interface ApplyOptions {
-  /** where to apply (default: the session's recorded source) */
-  readonly to: string
-  /** only check: nothing is written */
-  readonly check?: boolean | undefined
-  /**
-   * where the target changed since the snapshot: a three-way merge with the snapshot as its base
-   * instead of the refusal; clean paths apply, conflicts keep markers (MergeConflicts)
-   */
-  readonly threeWay?: boolean | undefined
-  readonly paths?: ReadonlyArray<string> | undefined
-}
 
 /**
  * `git apply --3way` of the patch in `workTree` (the target, or a scratch copy of the touched
@@ -483,13 +467,6 @@ export const apply = Effect.fn("repo.apply")(function* (connection: GuestConnect
 
 // ---- files ----
 
-export interface CopyOutOptions {
-  /**
-   * bring `.git` entries (directories, files, links, at any depth) out too: a guest-written
-   * repository's config and hooks run commands the guest chose in the next `git status` there
-   */
-  readonly includeGit?: boolean | undefined
-}
 
 /**
  * `abox cp <ref>:<path> <host>`: the guest's file or directory to `host` (a new name, or into a
@@ -621,12 +598,6 @@ export const writeFile = Effect.fn("repo.writeFile")(function* (
   )
 })
 
-export interface RepoEntry {
-  readonly path: string
-  readonly type: "file" | "directory" | "symlink"
-  readonly size: number
-  readonly mode: number
-}
 
 /** the entries under a repository directory (recursively), as the guest has them */
 export const listFiles = Effect.fn("repo.listFiles")(function* (connection: GuestConnection, guestPath = "") {
@@ -667,7 +638,7 @@ export const listFiles = Effect.fn("repo.listFiles")(function* (connection: Gues
 /**
  * A stopped session: boots it (Resume), runs `operation` on its connection, closes it. A
  * session another process holds (running) fails `SessionBusy`: its holder runs the operation
- * (a detached session's supervisor, `viaSupervisorOr` in src/programs/detached.ts).
+ * (a detached session's supervisor, `withRepo` in src/programs/detached.ts).
  */
 export const withConnection = <A, E, R>(
   ref: string,
@@ -691,3 +662,18 @@ export const recordedSource = (ref: string) =>
     const id = yield* store.resolve(ref)
     return (yield* store.get(id)).source
   })
+
+export type { ApplyOptions, CopyOutOptions, DiffOptions, RepoEntry } from "../services/Session.js"
+
+/** the repository operations on a session's connection in this process (the Session contract's local side) */
+export const localRepo = (connection: GuestConnection) =>
+  ({
+    diff: (options) => diff(connection, options),
+    apply: (options) => apply(connection, options),
+    copyOut: (guestPath, hostPath, options) => copyOut(connection, guestPath, hostPath, options),
+    copyIn: (hostPath, guestDir) => copyIn(connection, hostPath, guestDir),
+    readFile: (guestPath) => readFile(connection, guestPath),
+    writeFile: (guestPath, data, mode) =>
+      Effect.as(writeFile(connection, guestPath, data, mode), typeof data === "string" ? Buffer.byteLength(data) : data.length),
+    listFiles: (guestPath) => listFiles(connection, guestPath)
+  }) satisfies SessionRepo<unknown, CommandExecutor.CommandExecutor>

@@ -1,31 +1,39 @@
 /**
  * The detached supervisor (docs/detached.md): a process that holds a session (lock, VM, broker,
- * Close — the same scoped programs as `open`/`resume`) and serves clients on the session's
- * control socket. It closes on a `stop` request, on its idle timeout (no client and no turn for
- * that long, measured with `Clock`), or when interrupted (SIGTERM in the CLI).
+ * Close — the same scoped programs as `open`/`resume`) and serves the control plane
+ * (`ControlRpcs`, src/services/ControlRpc.ts) on the session's control socket. It closes on a
+ * `Stop` request, on its idle timeout (no client and no turn for that long: programs/idle.ts),
+ * or when interrupted (SIGTERM in the CLI).
+ *
+ * Its parts: the socket's handshake (version, then RPC or a raw port forward), the session
+ * host's state (the turn slot behind a Semaphore, the running turn with its replay buffer, the
+ * typist, a PubSub of what watchers see), and the RPC handlers, small functions over that state.
  *
  * Turns run one at a time (the guest runs one at a time); each is a fiber of the supervisor,
- * not of the client that asked for it: a client that goes away without `cancel` leaves its turn
- * running, and watchers (`attach`) see it to its end.
+ * not of the client that asked for it: a client that goes away without `Cancel` leaves its turn
+ * running, and watchers (`Attach`) see it to its end.
  */
+import * as CommandExecutor from "@effect/platform/CommandExecutor"
+import * as RpcServer from "@effect/rpc/RpcServer"
 import * as Clock from "effect/Clock"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as Either from "effect/Either"
+import * as Exit from "effect/Exit"
 import * as Option from "effect/Option"
 import * as PubSub from "effect/PubSub"
 import * as Queue from "effect/Queue"
-import type * as Scope from "effect/Scope"
+import * as Ref from "effect/Ref"
+import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
-import * as SubscriptionRef from "effect/SubscriptionRef"
 import type * as net from "node:net"
-import * as path from "node:path"
+import type { Duplex } from "node:stream"
 import {
+  duplexAfter,
   LineSocket,
   listenUnix,
   readLine,
-  readLines,
   socketBytes,
   writeBytes,
   writeLine
@@ -33,23 +41,22 @@ import {
 import { controlSocketPath } from "../lib/socketPath.js"
 import {
   CONTROL_VERSION,
-  type ControlReply,
-  type ControlRequest,
   ControlError,
-  decodeRequest,
-  encodeReply,
+  ControlVersionMismatch,
+  decodeHello,
+  encodeWelcome,
   errorFields,
   MAX_REMOTE_FILE_BYTES,
   REPO_CHUNK,
-  type RepoOp,
-  type StatusReply,
-  type TurnEnded,
   type TurnRequest,
   turnText
 } from "../protocol/Control.js"
+import { type AttachOutput, ControlRpcs, type TurnEnded, type TurnOutput } from "../services/ControlRpc.js"
 import type { TtyControl } from "../services/GuestRpc.js"
-import * as Repo from "./repo.js"
 import { RepoPathInvalid } from "../domain/repoErrors.js"
+import { idleTimeout } from "./idle.js"
+import { makeControlProtocol } from "./controlProtocol.js"
+import * as Repo from "./repo.js"
 import type { Session } from "./session.js"
 
 /** why a supervisor closed: asked to, idle, or its guest went away (the VM died) */
@@ -60,17 +67,17 @@ export interface ServeOptions {
   readonly idleTimeout?: Duration.DurationInput | undefined
   /** what the idle timeout does: suspend (default; a stop where the session cannot) or stop */
   readonly idleAction?: "suspend" | "stop" | undefined
-  /** told once the control socket listens */
-  /** what an attached typist's line is (told in `attached`): "shell" when the session has an agent command */
+  /** what an attached typist's line is (told in `Attached`): "shell" when the session has an agent command */
   readonly lines?: "prompt" | "shell" | undefined
+  /** told once the control socket listens */
   readonly onReady?:
     ((info: { readonly sessionId: string; readonly socket: string }) => Effect.Effect<void>) | undefined
 }
 
-/** what watchers get: each reply with its sequence number (to skip what a replay already sent) */
+/** what watchers get: each element with its sequence number (to skip what a replay already sent) */
 interface Broadcast {
   readonly seq: number
-  readonly reply: ControlReply
+  readonly item: AttachOutput
   /** the client whose turn it is */
   readonly starter: number | undefined
 }
@@ -79,158 +86,115 @@ interface Broadcast {
 interface Running {
   readonly turn: number
   readonly starter: number
-  readonly cancel: Deferred.Deferred<void>
   readonly replay: Array<Broadcast>
 }
-/** replies kept for a late watcher: the turn's start and its latest events */
+/** elements kept for a late watcher: the turn's start and its latest events */
 const REPLAY_CAP = 1024
 /** watchers that fall this far behind lose events (never the turn's starter: it gets back pressure) */
 const WATCH_BUFFER = 4096
-
-/** where a turn sends its replies besides the watchers: the connection that asked, while it is there */
-type Send = (reply: ControlReply) => Effect.Effect<void, ControlError>
-
+/** a turn's elements held for its starter while it reads them (then the turn waits) */
+const STARTER_BUFFER = 64
 /** a tty turn's controls (keys, sizes, signals) held while the turn has not taken them */
 const TTY_CONTROLS_QUEUED = 64
+/** how long a new connection may take to send its handshake line */
+const HANDSHAKE_TIMEOUT = Duration.seconds(10)
 
-/** a typed error to the client (its connection may already be gone) */
-const refuse = (send: Send, error: ControlError) =>
-  send({ type: "error", error: errorFields(error) }).pipe(
-    // a client that reads nothing does not hold the connection open
-    Effect.timeout(Duration.seconds(5)),
-    Effect.ignore
-  )
+/** what a turn's starter is told: its elements, or the error that ended it */
+type ToStarter = TurnOutput | { readonly _tag: "Error"; readonly error: TurnFailure }
+type TurnFailure = Stream.Stream.Error<ReturnType<Session["ttyTurn"]>> | ControlError
 
-/**
- * What a client sends after its first request. A line that is not a request (an empty one
- * included) or that is too long ends the stream with a typed error, which the client is told:
- * the connection is then closed, so a flood of junk lines costs one line, not a loop over them.
- */
-const requestsAfter = (lines: LineSocket, send: Send): Stream.Stream<ControlRequest, ControlError> =>
-  readLines(lines).pipe(
-    Stream.mapEffect((line) =>
-      Either.match(decodeRequest(line), {
-        onLeft: (error) =>
-          Effect.fail(
-            new ControlError({ reason: "bad request", message: `not a control request: ${error.message}` })
-          ),
-        onRight: (request) => Effect.succeed(request)
-      })
-    ),
-    Stream.tapError((error) => refuse(send, error))
-  )
-interface Delivery {
-  current: Send | undefined
+/** a client's own turns: how to cancel them, and a tty turn's controls */
+interface ClientTurns {
+  readonly cancels: Set<Deferred.Deferred<void>>
+  controls: { readonly queue: Queue.Queue<TtyControl>; readonly done: Deferred.Deferred<void> } | undefined
 }
 
 /**
- * Serves `session` on its control socket until stopped (returns the reason) or interrupted.
- * Every connection and turn is tied to the caller's scope: closing it ends them, then the
- * session's own finalizers (Close) run.
+ * The session host's state and the turn runner: one turn at a time (the permit), the running
+ * turn and its replay, the typist, the hub every watcher reads, and each client's own turns.
  */
-const serve = Effect.fn("supervisor.serve")(function* (
+const makeHost = Effect.fn("supervisor.host")(function* (
   session: Session,
-  options: ServeOptions,
-  stopWatchers: Array<net.Socket>
+  stopped: Deferred.Deferred<StopReason>,
+  onTurn: { readonly begin: Effect.Effect<void>; readonly end: Effect.Effect<void> }
 ) {
-  const socketPath = controlSocketPath(session.dir)
-  const startedAt = new Date(yield* Clock.currentTimeMillis).toISOString()
-  const stopped = yield* Deferred.make<StopReason>()
+  const scope = yield* Effect.scope
   const permit = yield* Effect.makeSemaphore(1)
   const hub = yield* Effect.acquireRelease(PubSub.sliding<Broadcast>(WATCH_BUFFER), (hub) =>
     PubSub.shutdown(hub)
   )
-  /** connected clients + running turns: the idle clock runs while it is 0 */
-  const activity = yield* SubscriptionRef.make(0)
-  const idleTimeout = options.idleTimeout === undefined ? undefined : Duration.decode(options.idleTimeout)
+  const seq = yield* Ref.make(0)
+  const nextTurn = yield* Ref.make(1)
+  const running = yield* Ref.make<Running | undefined>(undefined)
+  const typist = yield* Ref.make<number | undefined>(undefined)
+  const clients = new Map<number, ClientTurns>()
+  const turnsOf = (client: number): ClientTurns => {
+    let turns = clients.get(client)
+    if (turns === undefined) {
+      turns = { cancels: new Set(), controls: undefined }
+      clients.set(client, turns)
+    }
+    return turns
+  }
 
-  let seq = 0
-  let clients = 0
-  let nextClient = 1
-  let nextTurn = 1
-  let typist: number | undefined
-  let running: Running | undefined
-
-  const busy = (delta: number) => SubscriptionRef.update(activity, (n) => n + delta)
-
-  const broadcast = (reply: ControlReply) =>
-    Effect.suspend(() => {
-      const item = { seq: ++seq, reply, starter: running?.starter }
-      if (running !== undefined) {
-        running.replay.push(item)
+  const broadcast = (item: AttachOutput) =>
+    Effect.gen(function* () {
+      const current = yield* Ref.get(running)
+      const entry = { seq: yield* Ref.updateAndGet(seq, (n) => n + 1), item, starter: current?.starter }
+      if (current !== undefined) {
+        current.replay.push(entry)
         // keep the turn's start and the latest events
-        if (running.replay.length > REPLAY_CAP) running.replay.splice(1, 1)
+        if (current.replay.length > REPLAY_CAP) current.replay.splice(1, 1)
       }
-      return PubSub.publish(hub, item)
+      yield* PubSub.publish(hub, entry)
     })
 
-  const status = (): StatusReply => ({
-    type: "status",
-    version: CONTROL_VERSION,
-    sessionId: session.id,
-    pid: process.pid,
-    started: startedAt,
-    clients,
-    turn: running?.turn ?? null,
-    hello: session.hello,
-    idleTimeoutMs: idleTimeout === undefined ? null : Duration.toMillis(idleTimeout)
-  })
-
-  /** one turn, start to end, as a fiber of the supervisor (not of the client that asked) */
+  /**
+   * one turn, start to end, as a fiber of the supervisor (not of the client that asked);
+   * `deliver` is its starter's, for as long as it is there
+   */
   const runTurn = Effect.fn("supervisor.turn")(function* (
     starter: number,
     request: TurnRequest,
-    delivery: Delivery,
+    deliver: (item: ToStarter) => Effect.Effect<void>,
     cancel: Deferred.Deferred<void>,
-    /** a tty turn's typed bytes, resizes and signals (only an exec connection has them) */
+    /** a tty turn's typed bytes, resizes and signals (only a `Turn` caller has them) */
     controls?: Stream.Stream<TtyControl>
   ) {
-    const emit = (reply: ControlReply) =>
+    const fail = (turn: number | null, error: TurnFailure) =>
       Effect.zipRight(
-        broadcast(reply),
-        Effect.suspend(() =>
-          delivery.current === undefined
-            ? Effect.void
-            : delivery.current(reply).pipe(
-                // the client went away: the turn goes on without it
-                Effect.catchAll(() => Effect.sync(() => (delivery.current = undefined)))
-              )
-        )
+        broadcast({ _tag: "Failed", turn, error: errorFields(error) }),
+        deliver({ _tag: "Error", error })
       )
+    const emit = (item: TurnOutput) => Effect.zipRight(broadcast(item), deliver(item))
     const text = turnText(request)
-    if (typeof text !== "string") {
-      const error = new ControlError({ reason: "bad request", message: text.invalid })
-      yield* emit({ type: "error", error: errorFields(error) })
-      return undefined
-    }
+    if (typeof text !== "string")
+      return yield* fail(null, new ControlError({ reason: "bad request", message: text.invalid }))
     const tty = request.tty
-    if (tty !== undefined && controls === undefined) {
-      const error = new ControlError({
-        reason: "bad request",
-        message: "a terminal turn is run by `abox exec -t` (its own connection), not from attach"
-      })
-      yield* emit({ type: "error", error: errorFields(error) })
-      return undefined
-    }
-    return yield* permit.withPermits(1)(
+    if (tty !== undefined && controls === undefined)
+      return yield* fail(
+        null,
+        new ControlError({
+          reason: "bad request",
+          message: "a terminal turn is run by `abox exec -t` (its own connection), not from attach"
+        })
+      )
+    yield* permit.withPermits(1)(
       Effect.gen(function* () {
-        const turn = nextTurn++
-        running = { turn, starter, cancel, replay: [] }
-        yield* busy(1)
-        yield* Effect.addFinalizer(() =>
-          Effect.zipRight(
-            Effect.sync(() => (running = undefined)),
-            busy(-1)
-          )
-        )
-        yield* emit({ type: "turn_started", turn, text: request.text })
-        let timedOut = false
+        const turn = yield* Ref.getAndUpdate(nextTurn, (n) => n + 1)
+        yield* Ref.set(running, { turn, starter, replay: [] })
+        yield* onTurn.begin
+        yield* Effect.addFinalizer(() => Effect.zipRight(Ref.set(running, undefined), onTurn.end))
+        yield* emit({ _tag: "Started", turn, text: request.text })
+        const timedOut = yield* Ref.make(false)
         const stopper =
           request.timeoutMs === undefined
             ? Deferred.await(cancel)
             : Effect.race(
                 Deferred.await(cancel),
-                Effect.sleep(Duration.millis(request.timeoutMs)).pipe(Effect.tap(() => (timedOut = true)))
+                Effect.sleep(Duration.millis(request.timeoutMs)).pipe(
+                  Effect.zipRight(Ref.set(timedOut, true))
+                )
               )
         const events =
           tty === undefined || controls === undefined
@@ -238,375 +202,406 @@ const serve = Effect.fn("supervisor.serve")(function* (
             : session.ttyTurn(text, { ...tty, controls })
         const last = yield* events.pipe(
           Stream.interruptWhen(stopper),
-          Stream.runFoldEffect(undefined as TurnEnded | undefined, (end, event) =>
+          Stream.runFoldEffect(Option.none<TurnEnded>(), (end, event) =>
             event._tag === "End"
-              ? Effect.succeed<TurnEnded>({
-                  type: "turn_end",
-                  turn,
-                  exitCode: event.exitCode,
-                  signal: event.signal,
-                  cancelled: event.cancelled,
-                  timedOut: false
-                })
-              : Effect.as(emit({ type: "event", turn, event: event.event }), end)
+              ? Effect.succeed(
+                  Option.some<TurnEnded>({
+                    _tag: "Ended",
+                    turn,
+                    exitCode: event.exitCode,
+                    signal: event.signal,
+                    cancelled: event.cancelled,
+                    timedOut: false
+                  })
+                )
+              : Effect.as(emit({ _tag: "Event", turn, event: event.event }), end)
           ),
-          Effect.catchAll((error) =>
-            Effect.zipRight(
-              emit({ type: "error", error: errorFields(error) }),
-              // the VM is gone: nothing more can run; close (Close records how it ended)
-              error._tag === "GuestDisconnected" ? Deferred.succeed(stopped, "guest-gone") : Effect.void
-            ).pipe(Effect.as("failed" as const))
-          )
+          Effect.either
         )
-        if (last === "failed") return undefined
+        if (Either.isLeft(last)) {
+          yield* fail(turn, last.left)
+          // the VM is gone: nothing more can run; close (Close records how it ended)
+          if (last.left._tag === "GuestDisconnected") yield* Deferred.succeed(stopped, "guest-gone")
+          return
+        }
         // interrupted before its end (cancel or timeout): the guest was told to cancel
-        const ended: TurnEnded = last ?? {
-          type: "turn_end",
+        const ended = Option.getOrElse(last.right, (): TurnEnded => ({
+          _tag: "Ended",
           turn,
           exitCode: null,
           signal: null,
           cancelled: true,
-          timedOut
-        }
-        yield* emit(ended)
-        return ended
+          timedOut: false
+        }))
+        yield* emit(Option.isNone(last.right) ? { ...ended, timedOut: yield* Ref.get(timedOut) } : ended)
       }).pipe(Effect.scoped)
     )
   })
 
-  /** a `turn` connection (exec): the turn's replies to this client; `cancel` lines cancel it */
-  const exec = (client: number, request: TurnRequest, lines: LineSocket, send: Send) =>
+  /** `runTurn` forked in the host's scope (it outlives the request that started it) */
+  const startTurn = (
+    client: number,
+    request: TurnRequest,
+    deliver: (item: ToStarter) => Effect.Effect<void>,
+    controls?: Stream.Stream<TtyControl>
+  ) =>
     Effect.gen(function* () {
-      const delivery: Delivery = { current: send }
       const cancel = yield* Deferred.make<void>()
-      // a tty turn's keys, sizes and signals: only from this connection, the one that started it.
-      // Bounded: a client typing faster than the turn takes it waits (its lines stay unread, the
-      // socket paused); a turn without a terminal takes none, so they are not kept for it
-      const controls = yield* Queue.bounded<TtyControl>(TTY_CONTROLS_QUEUED)
-      const tty = request.tty !== undefined
-      const fiber = yield* Effect.forkIn(
-        runTurn(
-          client,
-          request,
-          delivery,
-          cancel,
-          request.tty === undefined ? undefined : Stream.fromQueue(controls)
+      const own = turnsOf(client)
+      own.cancels.add(cancel)
+      return yield* Effect.forkIn(
+        runTurn(client, request, deliver, cancel, controls).pipe(
+          Effect.ensuring(Effect.sync(() => own.cancels.delete(cancel)))
         ),
-        serveScope
+        scope
       )
-      const input = requestsAfter(lines, send).pipe(
-        Stream.runForEach((next) => {
-          switch (next.type) {
-            case "cancel":
-              return Deferred.succeed(cancel, undefined)
-            case "input":
-              return tty
-                ? Queue.offer(controls, { _tag: "Input", bytes: Buffer.from(next.data, "base64") })
-                : Effect.void
-            case "resize":
-              return tty
-                ? Queue.offer(controls, { _tag: "Resize", rows: next.rows, cols: next.cols })
-                : Effect.void
-            case "signal":
-              return tty ? Queue.offer(controls, { _tag: "Signal", signal: next.signal }) : Effect.void
-            default:
-              return Effect.void
+    })
+
+  return {
+    hub,
+    running,
+    typist,
+    turnsOf,
+    startTurn,
+    /** a client went away: what it held is let go (its turns go on) */
+    forget: (client: number) =>
+      Effect.zipRight(
+        Effect.sync(() => clients.delete(client)),
+        Ref.update(typist, (t) => (t === client ? undefined : t))
+      )
+  }
+})
+type Host = Effect.Effect.Success<ReturnType<typeof makeHost>>
+
+/** the RPC handlers: each a small function over the host's state */
+const handlers = (
+  session: Session,
+  host: Host,
+  options: ServeOptions,
+  info: {
+    readonly startedAt: string
+    readonly clients: Ref.Ref<number>
+    readonly stopped: Deferred.Deferred<StopReason>
+    readonly executor: CommandExecutor.CommandExecutor
+  }
+) => {
+  const idleTimeoutMs = options.idleTimeout === undefined ? null : Duration.toMillis(options.idleTimeout)
+  const connection = session.connection
+  return ControlRpcs.of({
+    Status: () =>
+      Effect.gen(function* () {
+        return {
+          version: CONTROL_VERSION,
+          sessionId: session.id,
+          pid: process.pid,
+          started: info.startedAt,
+          clients: yield* Ref.get(info.clients),
+          turn: (yield* Ref.get(host.running))?.turn ?? null,
+          hello: session.hello,
+          idleTimeoutMs
+        }
+      }),
+    // the caller hears the end: its connection stays open until this process exits (after Close)
+    // with suspend, the memory is saved first: refused (a turn runs, an old guest), the session runs on
+    Stop: ({ suspend }) =>
+      Stream.unwrap(
+        Effect.as(
+          suspend === true ? session.suspend : Effect.void,
+          Stream.concat(
+            Stream.make({ _tag: "Stopping" as const, pid: process.pid }),
+            Stream.fromEffect(Deferred.succeed(info.stopped, suspend === true ? "suspend" : "stop")).pipe(
+              Stream.zipRight(Stream.never)
+            )
+          )
+        )
+      ),
+    // the fork's first half (src/programs/fork.ts): refused while a turn runs, or by an old guest
+    Fork: ({ statePath }) =>
+      Effect.gen(function* () {
+        const frozen = yield* session.freeze(statePath)
+        const { root, repo } = frozen.frozen
+        if (root === undefined)
+          return yield* new ControlError({
+            reason: "fork",
+            message: "this session's root disk is not a qcow2 overlay"
+          })
+        return { root, ...(repo === undefined ? {} : { repo }), manifest: frozen.manifest }
+      }).pipe(Effect.provideService(CommandExecutor.CommandExecutor, info.executor)),
+    Turn: (request, { clientId }) =>
+      Stream.unwrapScoped(
+        Effect.gen(function* () {
+          // the turn's elements for this caller; the turn waits while it reads (back pressure),
+          // and goes on without it once it is gone
+          const out = yield* Queue.bounded<ToStarter>(STARTER_BUFFER)
+          const gone = yield* Deferred.make<void>()
+          yield* Effect.addFinalizer(() => Deferred.succeed(gone, undefined))
+          const deliver = (item: ToStarter) =>
+            Effect.raceFirst(Queue.offer(out, item), Deferred.await(gone)).pipe(Effect.asVoid)
+          let controls: Stream.Stream<TtyControl> | undefined
+          if (request.tty !== undefined) {
+            // a tty turn's keys, sizes and signals: only from this caller's connection. Bounded:
+            // a client typing faster than the turn takes it waits for its `Input` to return
+            const queue = yield* Queue.bounded<TtyControl>(TTY_CONTROLS_QUEUED)
+            const done = yield* Deferred.make<void>()
+            const own = host.turnsOf(clientId)
+            own.controls = { queue, done }
+            yield* Effect.addFinalizer(() =>
+              Effect.zipRight(
+                Deferred.succeed(done, undefined),
+                Effect.sync(() => (own.controls?.queue === queue ? (own.controls = undefined) : undefined))
+              )
+            )
+            controls = Stream.fromQueue(queue)
           }
-        }),
-        Effect.ignore
-      )
-      // the client's end of the stream: it went away; the turn goes on (docs/detached.md)
-      yield* Effect.raceFirst(
-        Effect.asVoid(fiber.await),
-        Effect.zipRight(
-          input,
-          Effect.sync(() => (delivery.current = undefined))
-        )
-      )
-    })
-
-  /** an `attach` connection: every turn's replies; the typist's `turn` lines run as turns */
-  const attach = (client: number, wantsTypist: boolean, lines: LineSocket, send: Send) =>
-    Effect.gen(function* () {
-      const isTypist = wantsTypist && typist === undefined
-      if (isTypist) {
-        typist = client
-        yield* Effect.addFinalizer(() => Effect.sync(() => (typist = typist === client ? undefined : typist)))
-      }
-      const subscription = yield* PubSub.subscribe(hub)
-      yield* send({ type: "attached", typist: isTypist, lines: options.lines ?? "prompt" })
-      // a turn's start tells its typist that it is theirs
-      const deliver = (item: Broadcast) =>
-        send(
-          item.reply.type === "turn_started" && item.starter === client
-            ? { ...item.reply, mine: true }
-            : item.reply
-        )
-      const replay = running?.replay.slice() ?? []
-      for (const item of replay) yield* deliver(item)
-      const seen = replay.at(-1)?.seq ?? 0
-      const watch = Stream.fromQueue(subscription).pipe(
-        Stream.filter((item) => item.seq > seen),
-        Stream.runForEach(deliver)
-      )
-      const input = requestsAfter(lines, send).pipe(
-        Stream.runForEach((request) => typed(client, isTypist, request, send))
-      )
-      yield* Effect.raceFirst(watch, input).pipe(Effect.ignore)
-    })
-
-  /**
-   * a `forward` connection: after `forward_ok` its bytes go to 127.0.0.1:<port> in the guest
-   * over a protocol channel, and back; each direction's end is passed on as an EOF
-   */
-  const forward = (port: number, lines: LineSocket, send: Send) =>
-    Effect.gen(function* () {
-      const channel = yield* session.connection
-        .forward(port)
-        .pipe(
-          Effect.tapError((error) => send({ type: "error", error: errorFields(error) }).pipe(Effect.ignore))
-        )
-      yield* send({ type: "forward_ok", port })
-      const socket = lines.socket
-      const rest = lines.takeRaw()
-      const up = Effect.gen(function* () {
-        if (rest.length > 0) yield* channel.write(rest)
-        yield* Stream.runForEach(socketBytes(socket), (chunk) => channel.write(chunk))
-        yield* channel.end
-      })
-      const down = Stream.runForEach(channel.read, (chunk) => writeBytes(socket, chunk)).pipe(
-        Effect.zipRight(Effect.sync(() => socket.end()))
-      )
-      yield* Effect.all([up, down], { concurrency: 2, discard: true })
-    })
-
-  /**
-   * a `repo` connection: the repository operation on this session's connection, as on a stopped
-   * session (src/programs/repo.ts: the archive checks and the staging happen here, in this
-   * process, before anything lands at the client's host path); a diff comes back in pieces
-   */
-  const repo = (request: RepoOp, send: Send) =>
-    Effect.gen(function* () {
-      const connection = session.connection
-      const hostPaths =
-        request.op === "apply"
-          ? [request.to]
-          : request.op === "copy_out" || request.op === "copy_in"
-            ? [request.hostPath]
-            : []
-      const relative = hostPaths.find((p) => !path.isAbsolute(p))
-      if (relative !== undefined)
-        return yield* new ControlError({
-          reason: "bad request",
-          message: `not an absolute host path: ${relative}`
+          yield* host.startTurn(clientId, request, deliver, controls)
+          return Stream.fromQueue(out).pipe(
+            Stream.takeUntil((item) => item._tag === "Ended" || item._tag === "Error"),
+            Stream.mapEffect((item) =>
+              item._tag === "Error" ? Effect.fail(item.error) : Effect.succeed(item)
+            )
+          )
         })
-      switch (request.op) {
-        case "diff": {
-          const patch = yield* Repo.diff(connection, { stat: request.stat, paths: request.paths })
-          for (let at = 0; at < patch.length; at += REPO_CHUNK)
-            yield* send({ type: "repo_data", data: patch.slice(at, at + REPO_CHUNK) })
-          return yield* send({ type: "repo_done" })
-        }
-        case "apply": {
-          const touched = yield* Repo.apply(connection, {
-            to: request.to,
-            check: request.check,
-            threeWay: request.threeWay,
-            paths: request.paths
+      ),
+    Cancel: (_, { clientId }) =>
+      Effect.forEach(host.turnsOf(clientId).cancels, (cancel) => Deferred.succeed(cancel, undefined), {
+        discard: true
+      }),
+    Input: ({ data }, { clientId }) => control(clientId, { _tag: "Input", bytes: data }),
+    Resize: ({ rows, cols }, { clientId }) => control(clientId, { _tag: "Resize", rows, cols }),
+    Signal: ({ signal }, { clientId }) => control(clientId, { _tag: "Signal", signal }),
+    Attach: ({ typist: wantsTypist }, { clientId }) =>
+      Stream.unwrapScoped(
+        Effect.gen(function* () {
+          const isTypist =
+            wantsTypist &&
+            (yield* Ref.modify(host.typist, (t) => (t === undefined ? [true, clientId] : [false, t])))
+          if (isTypist)
+            yield* Effect.addFinalizer(() => Ref.update(host.typist, (t) => (t === clientId ? undefined : t)))
+          const subscription = yield* PubSub.subscribe(host.hub)
+          // a turn's start tells its typist that it is theirs
+          const mine = (entry: Broadcast): AttachOutput =>
+            entry.item._tag === "Started" && entry.starter === clientId
+              ? { ...entry.item, mine: true }
+              : entry.item
+          const replay = (yield* Ref.get(host.running))?.replay.slice() ?? []
+          const seen = replay.at(-1)?.seq ?? 0
+          return Stream.succeed<AttachOutput>({
+            _tag: "Attached",
+            typist: isTypist,
+            lines: options.lines ?? "prompt"
+          }).pipe(
+            Stream.concat(Stream.fromIterable(replay.map(mine))),
+            Stream.concat(
+              Stream.fromQueue(subscription).pipe(
+                Stream.filter((entry) => entry.seq > seen),
+                Stream.map(mine)
+              )
+            )
+          )
+        })
+      ),
+    Type: (request, { clientId }) =>
+      Effect.gen(function* () {
+        if ((yield* Ref.get(host.typist)) !== clientId)
+          return yield* new ControlError({
+            reason: "not typist",
+            message: "another client types in this session; this one watches"
           })
-          return yield* send({ type: "repo_done", paths: [...touched] })
-        }
-        case "copy_out": {
-          const result = yield* Repo.copyOut(connection, request.guestPath, request.hostPath, {
-            includeGit: request.includeGit
-          })
-          return yield* send({
-            type: "repo_done",
-            files: result.files,
-            bytes: result.bytes,
-            path: result.path
-          })
-        }
-        case "copy_in": {
-          const result = yield* Repo.copyIn(connection, request.hostPath, request.guestDir)
-          return yield* send({ type: "repo_done", files: result.files, bytes: result.bytes })
-        }
-        case "read": {
-          const bytes = yield* Repo.readFile(connection, request.path)
-          if (bytes.length > MAX_REMOTE_FILE_BYTES)
-            return yield* new RepoPathInvalid({
+        yield* host.startTurn(clientId, request, () => Effect.void)
+      }),
+    Diff: (request) =>
+      Stream.unwrap(
+        Effect.map(Repo.diff(connection, request), (patch) =>
+          Stream.fromIterable(
+            Array.from({ length: Math.ceil(patch.length / REPO_CHUNK) }, (_, i) =>
+              patch.slice(i * REPO_CHUNK, (i + 1) * REPO_CHUNK)
+            )
+          )
+        )
+      ),
+    Apply: (request) => Repo.apply(connection, request),
+    CopyOut: (request) =>
+      Repo.copyOut(connection, request.guestPath, request.hostPath, { includeGit: request.includeGit }),
+    CopyIn: (request) => Repo.copyIn(connection, request.hostPath, request.guestDir),
+    ReadFile: (request) =>
+      Effect.flatMap(Repo.readFile(connection, request.path), (bytes) =>
+        bytes.length > MAX_REMOTE_FILE_BYTES
+          ? new RepoPathInvalid({
               path: request.path,
               message: `${request.path} is larger than ${MAX_REMOTE_FILE_BYTES} bytes: use cp (files.copyOut)`
             })
-          const text = Buffer.from(bytes).toString("base64")
-          for (let at = 0; at < text.length; at += REPO_CHUNK)
-            yield* send({ type: "repo_data", data: text.slice(at, at + REPO_CHUNK) })
-          return yield* send({ type: "repo_done", bytes: bytes.length })
-        }
-        case "write": {
-          const bytes = Buffer.from(request.data, "base64")
-          yield* Repo.writeFile(connection, request.path, new Uint8Array(bytes), request.mode)
-          return yield* send({ type: "repo_done", bytes: bytes.length })
-        }
-        case "list": {
-          const entries = yield* Repo.listFiles(connection, request.path)
-          return yield* send({ type: "repo_done", entries: [...entries] })
-        }
-      }
-    }).pipe(
-      Effect.catchAll((error) =>
-        error._tag === "ControlError" && error.reason !== "bad request"
-          ? Effect.fail(error)
-          : send({ type: "error", error: errorFields(error) })
-      )
-    )
-
-  /** what an attached client may send after `attach` */
-  const typed = (client: number, isTypist: boolean, request: ControlRequest, send: Send) => {
-    if (request.type === "cancel") {
-      const current = running
-      return current !== undefined && current.starter === client
-        ? Deferred.succeed(current.cancel, undefined)
-        : Effect.void
-    }
-    if (request.type !== "turn") return Effect.void
-    if (!isTypist) {
-      const error = new ControlError({
-        reason: "not typist",
-        message: "another client types in this session; this one watches"
-      })
-      return send({ type: "error", error: errorFields(error) })
-    }
-    return Deferred.make<void>().pipe(
-      Effect.flatMap((cancel) =>
-        Effect.forkIn(runTurn(client, request, { current: undefined }, cancel), serveScope)
+          : Effect.succeed(bytes)
       ),
-      Effect.asVoid
-    )
+    WriteFile: (request) =>
+      Effect.as(Repo.writeFile(connection, request.path, request.data, request.mode), request.data.length),
+    ListFiles: (request) => Repo.listFiles(connection, request.path)
+  })
+
+  /** a tty turn's control from the client that started it; dropped when it runs none */
+  function control(client: number, item: TtyControl) {
+    return Effect.suspend(() => {
+      const controls = host.turnsOf(client).controls
+      return controls === undefined
+        ? Effect.void
+        : Effect.raceFirst(Queue.offer(controls.queue, item), Deferred.await(controls.done)).pipe(
+            Effect.asVoid
+          )
+    })
   }
+}
 
-  /** the client's end of a connection that sends nothing after its request (EOF: it is gone) */
-  const untilClosed = (lines: LineSocket) => Stream.runDrain(readLines(lines)).pipe(Effect.ignore)
+/**
+ * a forward connection (after its handshake): its bytes go to 127.0.0.1:<port> in the guest
+ * over a protocol channel, and back; each direction's end is passed on as an EOF
+ */
+const forward = (session: Session, port: number, lines: LineSocket) =>
+  Effect.gen(function* () {
+    const refusal = yield* session.connection.forward(port).pipe(Effect.either)
+    if (Either.isLeft(refusal))
+      return yield* writeLine(
+        lines.socket,
+        encodeWelcome({ type: "refused", version: CONTROL_VERSION, error: errorFields(refusal.left) })
+      )
+    const channel = refusal.right
+    yield* writeLine(lines.socket, encodeWelcome({ type: "welcome", version: CONTROL_VERSION }))
+    const socket = lines.socket
+    const rest = lines.takeRaw()
+    const up = Effect.gen(function* () {
+      if (rest.length > 0) yield* channel.write(rest)
+      yield* Stream.runForEach(socketBytes(socket), (chunk) => channel.write(chunk))
+      yield* channel.end
+    })
+    const down = Stream.runForEach(channel.read, (chunk) => writeBytes(socket, chunk)).pipe(
+      Effect.zipRight(Effect.sync(() => socket.end()))
+    )
+    yield* Effect.all([up, down], { concurrency: 2, discard: true })
+  })
 
-  const handle = (socket: net.Socket) =>
+/**
+ * A connection's handshake: its first line must be a `hello` of this version. Anything else is
+ * answered with a typed refusal (ControlVersionMismatch) and the connection closed: a client of
+ * another version, which reads that line as its own protocol's error, learns why. Then either a
+ * port forward, or the RPC server's connection.
+ */
+const handshake = (
+  session: Session,
+  socket: net.Socket,
+  rpc: (duplex: Duplex) => Effect.Effect<void, ControlError, Scope.Scope>
+) =>
+  Effect.gen(function* () {
+    const lines = new LineSocket(socket)
+    const first = yield* readLine(lines).pipe(
+      Effect.timeoutFail({
+        duration: HANDSHAKE_TIMEOUT,
+        onTimeout: () => new ControlError({ reason: "handshake", message: "no handshake line in time" })
+      })
+    )
+    if (Option.isNone(first)) return
+    const hello = decodeHello(first.value)
+    if (Either.isLeft(hello) || hello.right.version !== CONTROL_VERSION) {
+      const peer = Either.isRight(hello) ? hello.right.version : null
+      const error = new ControlVersionMismatch({
+        version: CONTROL_VERSION,
+        peer,
+        message:
+          peer === null
+            ? `not a control protocol v${CONTROL_VERSION} handshake: this session's supervisor is newer than this client (restart the client's abox, or stop and start the session)`
+            : `control protocol v${peer} spoken to a supervisor of v${CONTROL_VERSION}: use the same abox for both (stop and start the session)`
+      })
+      // both shapes: this version's refusal, and the line a v1 client reads as a typed error
+      const refusal =
+        peer === null
+          ? JSON.stringify({ type: "error", error: errorFields(error) })
+          : encodeWelcome({ type: "refused", version: CONTROL_VERSION, error: errorFields(error) })
+      return yield* writeLine(socket, refusal).pipe(Effect.timeout(Duration.seconds(5)), Effect.ignore)
+    }
+    if (hello.right.forward !== undefined) return yield* forward(session, hello.right.forward, lines)
+    yield* writeLine(socket, encodeWelcome({ type: "welcome", version: CONTROL_VERSION }))
+    const duplex = duplexAfter(lines)
+    yield* Effect.addFinalizer(() => Effect.sync(() => duplex.destroy()))
+    yield* rpc(duplex)
+  })
+
+/**
+ * What the idle timeout does: suspend the session (the default; a stop where it cannot, said in
+ * the log) or stop it. Not interrupted by a client that connects meanwhile: the save runs to its end.
+ */
+const onIdle = (session: Session, options: ServeOptions, stopped: Deferred.Deferred<StopReason>) =>
+  (options.idleAction === "stop"
+    ? Effect.void
+    : session.suspend.pipe(
+        Effect.tapError((error) => Effect.logWarning(`idle: not suspended, stopping: ${error.message}`)),
+        Effect.ignore
+      )
+  ).pipe(Effect.zipRight(Deferred.succeed(stopped, "idle")), Effect.asVoid, Effect.uninterruptible)
+
+/**
+ * Serves `session` on its control socket until stopped (returns the reason) or interrupted.
+ * Turns are tied to the caller's scope (closing it ends them, then the session's own finalizers,
+ * Close, run); connections and the RPC server to `outer`, which closes after Close, so a client
+ * that asked to stop hears when the session is really down.
+ */
+const serve = Effect.fn("supervisor.serve")(function* (
+  session: Session,
+  options: ServeOptions,
+  outer: Scope.Scope
+) {
+  const socketPath = controlSocketPath(session.dir)
+  const startedAt = new Date(yield* Clock.currentTimeMillis).toISOString()
+  const stopped = yield* Deferred.make<StopReason>()
+  const clients = yield* Ref.make(0)
+  // activity, for the idle timeout: connected clients and running turns
+  const idle =
+    options.idleTimeout === undefined
+      ? { begin: Effect.void, end: Effect.void, touch: Effect.void }
+      : yield* idleTimeout(options.idleTimeout, onIdle(session, options, stopped))
+  const host = yield* makeHost(session, stopped, idle)
+
+  // the RPC server, fed the connections that passed their handshake (programs/controlProtocol.ts)
+  const control = yield* makeControlProtocol
+  const context = yield* ControlRpcs.toHandlersContext(
+    Effect.succeed(
+      handlers(session, host, options, {
+        startedAt,
+        clients,
+        stopped,
+        executor: yield* CommandExecutor.CommandExecutor
+      })
+    )
+  )
+  // no span per request: a flood of small requests would make one each
+  yield* RpcServer.make(ControlRpcs, { disableTracing: true }).pipe(
+    Effect.provide(context),
+    Effect.provideService(RpcServer.Protocol, control.protocol),
+    Effect.interruptible,
+    Effect.forkIn(outer)
+  )
+
+  const connection = (socket: net.Socket, id: number) =>
     Effect.gen(function* () {
-      const client = nextClient++
-      const lines = new LineSocket(socket)
-      let keep = false
-      yield* Effect.addFinalizer(() => Effect.sync(() => (keep ? undefined : socket.destroy())))
-      clients++
-      yield* busy(1)
+      yield* Effect.addFinalizer(() => Effect.sync(() => socket.destroy()))
+      yield* Ref.update(clients, (n) => n + 1)
+      yield* idle.begin
       yield* Effect.addFinalizer(() =>
         Effect.zipRight(
-          Effect.sync(() => clients--),
-          busy(-1)
+          Ref.update(clients, (n) => n - 1),
+          idle.end
         )
       )
-      const send = (reply: ControlReply) => writeLine(socket, encodeReply(reply))
-      const first = yield* readLine(lines).pipe(Effect.tapError((error) => refuse(send, error)))
-      if (Option.isNone(first)) return
-      const decoded = decodeRequest(first.value)
-      if (Either.isLeft(decoded))
-        return yield* refuse(
-          send,
-          new ControlError({
-            reason: "bad request",
-            message: `not a control request: ${decoded.left.message}`
-          })
-        )
-      const request = decoded.right
-      switch (request.type) {
-        case "status":
-          return yield* send(status())
-        case "stop": {
-          // suspend first when asked: refused (a turn runs, an old guest), the session runs on
-          if (request.suspend === true) {
-            const saved = yield* Effect.either(session.suspend)
-            if (Either.isLeft(saved)) return yield* send({ type: "error", error: errorFields(saved.left) })
-          }
-          // this client hears the end: its connection stays open until this process exits
-          keep = true
-          stopWatchers.push(socket)
-          socket.unref()
-          yield* send({ type: "stopping", pid: process.pid })
-          yield* Deferred.succeed(stopped, request.suspend === true ? "suspend" : "stop")
-          return
-        }
-        case "turn":
-          return yield* exec(client, request, lines, send)
-        case "attach":
-          return yield* attach(client, request.typist, lines, send)
-        case "forward":
-          return yield* forward(request.port, lines, send)
-        case "fork": {
-          // the fork's first half (src/programs/fork.ts): refused while a turn runs, or by an old guest
-          if (!path.isAbsolute(request.statePath))
-            return yield* refuse(
-              send,
-              new ControlError({ reason: "bad request", message: `not an absolute path: ${request.statePath}` })
-            )
-          const frozen = yield* Effect.either(session.freeze(request.statePath))
-          if (Either.isLeft(frozen)) return yield* send({ type: "error", error: errorFields(frozen.left) })
-          const { root, repo } = frozen.right.frozen
-          if (root === undefined)
-            return yield* refuse(
-              send,
-              new ControlError({ reason: "fork", message: "this session's root disk is not a qcow2 overlay" })
-            )
-          return yield* send({
-            type: "forked",
-            root,
-            ...(repo === undefined ? {} : { repo }),
-            manifest: frozen.right.manifest
-          })
-        }
-        case "repo":
-          // the client gone (its connection closed): the operation is interrupted, which stops
-          // the guest's export (src/lib/hostExtract.ts) instead of reading it to its end
-          return yield* Effect.raceFirst(repo(request.request, send), untilClosed(lines))
-        case "cancel": {
-          const error = new ControlError({
-            reason: "bad request",
-            message: "cancel: no turn on this connection"
-          })
-          return yield* send({ type: "error", error: errorFields(error) })
-        }
-      }
+      yield* handshake(session, socket, control.serve)
     }).pipe(
       Effect.scoped,
-      Effect.catchAll((error) => Effect.logDebug("control connection", error.message))
+      Effect.catchAll((error) => Effect.logDebug("control connection", id, error.message))
     )
 
-  const serveScope: Scope.Scope = yield* Effect.scope
-
-  const connections = yield* listenUnix(socketPath)
+  const connections = yield* Scope.extend(listenUnix(socketPath), outer)
+  let nextConnection = 1
+  // accepting ends with the session (this scope); connections end with `outer`
   yield* Queue.take(connections).pipe(
-    Effect.flatMap((socket) => Effect.forkIn(handle(socket), serveScope)),
+    Effect.flatMap((socket) => Effect.forkIn(connection(socket, nextConnection++), outer)),
     Effect.forever,
     Effect.forkScoped
   )
-
-  if (idleTimeout !== undefined) {
-    yield* activity.changes.pipe(
-      Stream.map((n) => n === 0),
-      Stream.changes,
-      Stream.flatMap((idle) => (idle ? Stream.fromEffect(Effect.sleep(idleTimeout)) : Stream.empty), {
-        switch: true
-      }),
-      Stream.runForEach(() =>
-        (options.idleAction === "stop"
-          ? Effect.void
-          : session.suspend.pipe(
-              Effect.tapError((error) =>
-                Effect.logWarning(`idle: not suspended, stopping: ${error.message}`)
-              ),
-              Effect.ignore
-            )
-        ).pipe(Effect.zipRight(Deferred.succeed(stopped, "idle")))
-      ),
-      Effect.forkScoped
-    )
-  }
 
   if (options.onReady !== undefined) yield* options.onReady({ sessionId: session.id, socket: socketPath })
   return yield* Deferred.await(stopped)
@@ -614,13 +609,12 @@ const serve = Effect.fn("supervisor.serve")(function* (
 
 /**
  * A session under a supervisor: `acquire` (Open or Resume) in a scope of its own, served until
- * stopped, then closed (the session's finalizers). A client that asked to `stop` has its
+ * stopped, then closed (the session's finalizers). A client that asked to `Stop` has its
  * connection ended only after Close, so it hears when the session is really down.
  */
 export const supervise = <E, R>(acquire: Effect.Effect<Session, E, R>, options: ServeOptions = {}) =>
-  Effect.gen(function* () {
-    const stopWatchers: Array<net.Socket> = []
-    return yield* Effect.scoped(
-      Effect.flatMap(acquire, (session) => serve(session, options, stopWatchers))
-    ).pipe(Effect.ensuring(Effect.sync(() => stopWatchers.forEach((socket) => socket.destroy()))))
-  })
+  Effect.acquireUseRelease(
+    Scope.make(),
+    (outer) => Effect.scoped(Effect.flatMap(acquire, (session) => serve(session, options, outer))),
+    (outer, exit) => Scope.close(outer, Exit.isSuccess(exit) ? Exit.void : exit)
+  )

@@ -7,12 +7,16 @@
  */
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
-import * as Schema from "effect/Schema"
 import type * as Scope from "effect/Scope"
 import * as fs from "node:fs"
 import { writeJsonAtomic } from "../lib/atomicFile.js"
 import { sessionFile } from "../domain/sessionLayout.js"
-import { SnapshotUnsupported, StateManifest, StateMismatch } from "../domain/memoryState.js"
+import {
+  SnapshotUnsupported,
+  StateManifest,
+  StateMismatch,
+  SuspendRefused
+} from "../domain/memoryState.js"
 import type { VmHandle, VmmError, VmSpec } from "../domain/vm.js"
 import { FEATURE_RESUME, type HelloMessage } from "../protocol/Messages.js"
 import type { VmmBackendShape } from "../services/VmmBackend.js"
@@ -22,11 +26,7 @@ import type { DiskError } from "../domain/image.js"
 import { abandonFreeze, frozenOf, type FrozenLayers, prepareFreeze } from "../lib/frozenLayers.js"
 import { qemuImgTool } from "../lib/rootDisk.js"
 
-/** a suspend that cannot happen now (a turn runs, the guest predates resume, the VM is gone) */
-export class SuspendRefused extends Schema.TaggedError<SuspendRefused>()("SuspendRefused", {
-  reason: Schema.String,
-  message: Schema.String
-}) {}
+export { SuspendRefused }
 
 export type SuspendError = SuspendRefused | SnapshotUnsupported | VmmError | StoreIoError
 

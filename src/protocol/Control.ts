@@ -1,40 +1,78 @@
 /**
- * The control protocol of a detached session (docs/detached.md): JSON lines over the session's
- * control socket (`control.sock`, 0600). A client opens a connection and sends one request line;
- * what follows depends on it (`turn`: events until `turn_end`, the client may send `cancel`;
- * `attach`: every turn's events, an attached typist sends `turn` lines; `forward`: after
- * `forward_ok` the connection carries raw bytes). Every line is Schema-decoded on both ends.
+ * What the control plane of a detached session (docs/detached.md; its RpcGroup is
+ * src/services/ControlRpc.ts) shares with its clients and `abox start`: a turn's request and its
+ * guest text, the bounds of what crosses the socket, the ready pipe's line, and the errors of
+ * the connection itself.
  */
 import * as Schema from "effect/Schema"
-import { StateManifest } from "../domain/memoryState.js"
-import { AgentEvent, Hello, TurnLimits, TurnSignalName } from "./Messages.js"
-
-/** this protocol's version, in `status` */
-export const CONTROL_VERSION = 1
-/**
- * a line longer than this is a protocol error: requests are small, and an event relays one guest
- * control frame (at most MAX_FRAME_PAYLOAD, 1 MiB, whose JSON re-encodes to about its own size)
- */
-export const MAX_CONTROL_LINE = 2 * 1024 * 1024
+import { TurnLimits } from "./Messages.js"
 
 const msg = <Tag extends string, Fields extends Schema.Struct.Fields>(type: Tag, fields: Fields) =>
   Schema.Struct({ type: Schema.Literal(type), ...fields })
 
-// ---- client → supervisor ----
-export const StatusRequest = msg("status", {})
+/** a tagged error as data: `_tag`, `message` and its other fields (what `errorFields` makes) */
+export const ErrorFields = Schema.Struct(
+  { _tag: Schema.String, message: Schema.String },
+  Schema.Record({ key: Schema.String, value: Schema.Unknown })
+)
+export type ErrorFields = typeof ErrorFields.Type
+
+/**
+ * this protocol's version: 1 was the hand-written JSON lines; 2 is this RpcGroup. Both ends send
+ * it in the handshake; a difference is refused there.
+ */
+export const CONTROL_VERSION = 2
+/**
+ * a line longer than this is a protocol error: requests are small, and a turn's event relays
+ * one guest control frame (at most 1 MiB, whose JSON re-encodes to about its own size); a file
+ * read (at most MAX_REMOTE_FILE_BYTES) is its base64
+ */
+export const MAX_CONTROL_LINE = 4 * 1024 * 1024
+
+/** the client's first line: its version, and what the connection is for */
+export const ControlHello = Schema.Struct({
+  type: Schema.Literal("hello"),
+  version: Schema.Number,
+  /** absent: RPC messages follow; a port: raw bytes to 127.0.0.1:<port> in the guest */
+  forward: Schema.optional(Schema.Int.pipe(Schema.between(1, 65535)))
+})
+export type ControlHello = typeof ControlHello.Type
+/** the supervisor's answer: its version (equal to the client's), or why it refuses */
+export const ControlWelcome = Schema.Union(
+  Schema.Struct({ type: Schema.Literal("welcome"), version: Schema.Number }),
+  Schema.Struct({ type: Schema.Literal("refused"), version: Schema.Number, error: ErrorFields })
+)
+export type ControlWelcome = typeof ControlWelcome.Type
+export const encodeHello = Schema.encodeSync(Schema.parseJson(ControlHello))
+export const decodeHello = Schema.decodeUnknownEither(Schema.parseJson(ControlHello))
+export const encodeWelcome = Schema.encodeSync(Schema.parseJson(ControlWelcome))
+export const decodeWelcome = Schema.decodeUnknownEither(Schema.parseJson(ControlWelcome))
+
+/** the two ends speak different versions of this protocol (one of them is older: restart it) */
+export class ControlVersionMismatch extends Schema.TaggedError<ControlVersionMismatch>()(
+  "ControlVersionMismatch",
+  {
+    /** this end's version */
+    version: Schema.Number,
+    /** the other end's, when it said one */
+    peer: Schema.NullOr(Schema.Number),
+    message: Schema.String
+  }
+) {}
+
 /**
  * One turn, of whatever kind the session runs (a shell command, or the configured agent's
  * prompt): `text` goes to the guest as `user_turn`. `env` and `cwd` make it a shell turn run
  * with those variables and in that directory; `timeoutMs` cancels it after that long.
  */
-export const TurnRequest = msg("turn", {
+export const TurnRequest = Schema.Struct({
   text: Schema.String,
   env: Schema.optional(Schema.Record({ key: Schema.String, value: Schema.String })),
   cwd: Schema.optional(Schema.String),
   timeoutMs: Schema.optional(Schema.Int.pipe(Schema.positive())),
   /**
    * run it on a pseudo-terminal of this size in the guest (`exec -t`); the connection that sent
-   * it may then send `input`, `resize` and `signal` lines for it
+   * it may then send `Input`, `Resize` and `Signal` for it
    */
   tty: Schema.optional(
     Schema.Struct({
@@ -48,196 +86,15 @@ export const TurnRequest = msg("turn", {
   /** a prompt turn's own max steps and max cost (protocol `user_turn.limits`) */
   limits: Schema.optional(TurnLimits)
 })
-/** a tty turn's typed bytes (base64), from the connection that started it */
-export const InputRequest = msg("input", {
-  data: Schema.String.pipe(Schema.pattern(/^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/))
-})
-/** the tty turn's terminal changed size */
-export const ResizeRequest = msg("resize", {
-  rows: Schema.Int.pipe(Schema.between(1, 0xffff)),
-  cols: Schema.Int.pipe(Schema.between(1, 0xffff))
-})
-/** a signal to the tty turn's command (protocol turn_signal's fixed set) */
-export const SignalRequest = msg("signal", { signal: TurnSignalName })
-/** cancel the turn this connection started */
-export const CancelRequest = msg("cancel", {})
-/** watch every turn; `type: true` asks to be the one client that types (granted if free) */
-export const AttachRequest = msg("attach", { typist: Schema.Boolean })
-export const StopRequest = msg("stop", {
-  /** save the VM's memory first (src/programs/suspend.ts): the next start restores it */
-  suspend: Schema.optional(Schema.Boolean)
-})
-/**
- * Freeze the running session for a fork (docs/detached.md "Fork"): its disks become frozen layers
- * and it goes on in new overlays over them, its memory saved into `statePath` (absolute: a file
- * in the new session's directory) while it is stopped; `forked` names the frozen layers
- */
-export const ForkRequest = msg("fork", { statePath: Schema.String })
-/** a byte stream to 127.0.0.1:<port> in the guest */
-export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.between(1, 65535)) })
-
-/**
- * A repository operation run by the supervisor on its connection (docs/detached.md "Repository
- * operations"): the same programs as on a stopped session. Host paths are absolute (the client
- * resolves them); the supervisor, the same user on the same host, reads and writes them itself.
- */
-/** the most bytes `files.read`/`files.write` carry over the socket (larger: copyOut/copyIn) */
-export const MAX_REMOTE_FILE_BYTES = 1024 * 1024
-export const RepoOp = Schema.Union(
-  Schema.Struct({
-    op: Schema.Literal("diff"),
-    stat: Schema.optional(Schema.Boolean),
-    paths: Schema.optional(Schema.Array(Schema.String))
-  }),
-  Schema.Struct({
-    op: Schema.Literal("apply"),
-    to: Schema.String,
-    check: Schema.optional(Schema.Boolean),
-    threeWay: Schema.optional(Schema.Boolean),
-    paths: Schema.optional(Schema.Array(Schema.String))
-  }),
-  Schema.Struct({
-    op: Schema.Literal("copy_out"),
-    guestPath: Schema.String,
-    hostPath: Schema.String,
-    includeGit: Schema.optional(Schema.Boolean)
-  }),
-  Schema.Struct({ op: Schema.Literal("copy_in"), hostPath: Schema.String, guestDir: Schema.String }),
-  /** one file's bytes: `repo_data` pieces of base64, then `repo_done` */
-  Schema.Struct({ op: Schema.Literal("read"), path: Schema.String }),
-  /** one file written (base64, at most MAX_REMOTE_FILE bytes decoded) with its permission bits */
-  Schema.Struct({
-    op: Schema.Literal("write"),
-    path: Schema.String,
-    data: Schema.String.pipe(Schema.maxLength(Math.ceil(MAX_REMOTE_FILE_BYTES / 3) * 4)),
-    mode: Schema.optional(Schema.Int.pipe(Schema.between(0, 0o7777)))
-  }),
-  /** the entries under a directory: `repo_done` with `entries` */
-  Schema.Struct({ op: Schema.Literal("list"), path: Schema.optional(Schema.String) })
-)
-export type RepoOp = typeof RepoOp.Type
-export const RepoRequest = msg("repo", { request: RepoOp })
-
-export const ControlRequest = Schema.Union(
-  StatusRequest,
-  TurnRequest,
-  CancelRequest,
-  AttachRequest,
-  StopRequest,
-  ForwardRequest,
-  InputRequest,
-  ResizeRequest,
-  SignalRequest,
-  RepoRequest,
-  ForkRequest
-)
-export type ControlRequest = typeof ControlRequest.Type
 export type TurnRequest = typeof TurnRequest.Type
 
-// ---- supervisor → client ----
-export const StatusReply = msg("status", {
-  version: Schema.Number,
-  sessionId: Schema.String,
-  pid: Schema.Number,
-  /** ISO time the supervisor became ready */
-  started: Schema.String,
-  /** connected clients, this one included */
-  clients: Schema.Number,
-  /** the turn running now, if any */
-  turn: Schema.NullOr(Schema.Number),
-  hello: Hello,
-  /** when it closes itself after no client and no turn (ms), if ever */
-  idleTimeoutMs: Schema.NullOr(Schema.Number)
-})
-export type StatusReply = typeof StatusReply.Type
-/** a turn began (to its starter, and to every watcher with its text) */
-export const TurnStarted = msg("turn_started", {
-  turn: Schema.Number,
-  text: Schema.String,
-  /** to an attached client: this client typed it */
-  mine: Schema.optional(Schema.Boolean)
-})
-export const TurnEventMsg = msg("event", { turn: Schema.Number, event: AgentEvent })
-export const TurnEnded = msg("turn_end", {
-  turn: Schema.Number,
-  exitCode: Schema.NullOr(Schema.Number),
-  signal: Schema.NullOr(Schema.String),
-  cancelled: Schema.Boolean,
-  /** cancelled by the request's timeoutMs */
-  timedOut: Schema.Boolean
-})
-export type TurnEnded = typeof TurnEnded.Type
-export const Attached = msg("attached", {
-  /** this client types (its `turn` lines are run); false: it watches */
-  typist: Schema.Boolean,
-  /**
-   * what a typed line is in this session (`!cmd` is always a shell command): "prompt" for the
-   * model agent, "shell" when the session has an agent command (`--agent`); absent: "prompt"
-   */
-  lines: Schema.optional(Schema.Literal("prompt", "shell"))
-})
-export const Stopping = msg("stopping", { pid: Schema.Number })
-export const ForwardOk = msg("forward_ok", { port: Schema.Number })
-/** the fork's frozen layers (absolute paths) and the saved memory's manifest */
-export const Forked = msg("forked", {
-  root: Schema.String,
-  repo: Schema.optional(Schema.String),
-  manifest: StateManifest
-})
-/** a tagged error as data: `_tag`, `message` and its other fields (what `errorFields` makes) */
-export const ErrorFields = Schema.Struct(
-  { _tag: Schema.String, message: Schema.String },
-  Schema.Record({ key: Schema.String, value: Schema.Unknown })
-)
-export type ErrorFields = typeof ErrorFields.Type
-/** a typed error (its `_tag` is the tag the CLI maps to an exit code) */
-export const ControlErrorMsg = msg("error", { error: ErrorFields })
+/** the most bytes `files.read`/`files.write` carry over the socket (larger: copyOut/copyIn) */
+export const MAX_REMOTE_FILE_BYTES = 1024 * 1024
 
-/** a piece of a repository operation's text (a diff), in order; at most REPO_CHUNK characters */
-export const RepoData = msg("repo_data", { data: Schema.String })
-/** a repository operation's end: what it did (apply: `paths`; cp: `files`, `bytes`, cp out: `path`) */
-export const RepoDone = msg("repo_done", {
-  paths: Schema.optional(Schema.Array(Schema.String)),
-  files: Schema.optional(Schema.Number),
-  bytes: Schema.optional(Schema.Number),
-  path: Schema.optional(Schema.String),
-  /** list: the entries */
-  entries: Schema.optional(
-    Schema.Array(
-      Schema.Struct({
-        path: Schema.String,
-        type: Schema.Literal("file", "directory", "symlink"),
-        size: Schema.Number,
-        mode: Schema.Number
-      })
-    )
-  )
-})
-export type RepoDone = typeof RepoDone.Type
-/** characters per `repo_data` line: JSON escaping at most sextuples them, below MAX_CONTROL_LINE */
+/** characters per piece of a diff over the control socket (JSON escaping at most sextuples them) */
 export const REPO_CHUNK = 256 * 1024
 /** the most diff text a client accepts over the socket (a bound against a runaway patch) */
 export const MAX_REMOTE_PATCH = 256 * 1024 * 1024
-
-export const ControlReply = Schema.Union(
-  StatusReply,
-  TurnStarted,
-  TurnEventMsg,
-  TurnEnded,
-  Attached,
-  Stopping,
-  ForwardOk,
-  ControlErrorMsg,
-  RepoData,
-  RepoDone,
-  Forked
-)
-export type ControlReply = typeof ControlReply.Type
-
-export const encodeRequest = Schema.encodeSync(Schema.parseJson(ControlRequest))
-export const decodeRequest = Schema.decodeUnknownEither(Schema.parseJson(ControlRequest))
-export const encodeReply = Schema.encodeSync(Schema.parseJson(ControlReply))
-export const decodeReply = Schema.decodeUnknownEither(Schema.parseJson(ControlReply))
 
 /** what `abox start` reads from the supervisor it spawned (one line on the ready pipe) */
 export const ReadyLine = Schema.Union(

@@ -27,10 +27,16 @@ import * as Environment from "../programs/environment.js"
 import { idleTimeout, type IdleTracker } from "../programs/idle.js"
 import * as Remove from "../programs/remove.js"
 import * as Fork from "../programs/fork.js"
-import { ControlError, ControlRefused, SessionNotRunning } from "../protocol/Control.js"
+import {
+  ControlError,
+  ControlRefused,
+  ControlVersionMismatch,
+  SessionNotRunning
+} from "../protocol/Control.js"
 import * as Programs from "../programs/session.js"
 import type { AgentEvent, HelloMessage, TurnLimits } from "../protocol/Messages.js"
 import type { TurnEvent } from "../services/GuestRpc.js"
+import type { SessionContract } from "../services/Session.js"
 import { SecretScrubber } from "../services/SecretScrubber.js"
 import {
   SessionStore,
@@ -271,6 +277,56 @@ const collectTurn = async (events: AsyncIterable<TurnEvent>): Promise<TurnOutcom
     : { exitCode: null, signal: null, cancelled: true, ...output, events: all, ...agent }
 }
 
+/** what a handle shows of its session */
+interface HandleInfo {
+  readonly id: string
+  readonly dir: string
+  readonly meta: SessionMeta
+  readonly hello: HelloMessage
+  readonly skipped: ReadonlyArray<string>
+}
+
+/**
+ * A handle over a Session, whichever side holds it (this process, or a supervisor through the
+ * control socket): its turns and repository operations are the contract's, `close` is the
+ * holder's.
+ */
+const handleOf = (
+  info: HandleInfo,
+  session: SessionContract<unknown, AboxContext>,
+  lifecycle: {
+    readonly close: () => Promise<void>
+    readonly closed: () => boolean
+    readonly fork: SessionHandle["fork"]
+  }
+): SessionHandle => {
+  const iterate = (text: string, options?: TurnOptions): AsyncIterable<TurnEvent> => {
+    if (lifecycle.closed()) throw new Error(`session handle ${info.id} is closed`)
+    return iterableOf(() => session.turn(text, options?.mode ?? "shell", limitsOf(options)))
+  }
+  return {
+    ...info,
+    turn: iterate,
+    run: (text, options) => collectTurn(iterate(text, options)),
+    close: lifecycle.close,
+    fork: lifecycle.fork,
+    get closed() {
+      return lifecycle.closed()
+    },
+    [Symbol.asyncDispose]: lifecycle.close,
+    diff: (options) => run(session.diff(options)),
+    apply: (options) => run(session.apply({ ...options, to: options?.to ?? info.meta.source })),
+    files: {
+      read: (path) => run(session.readFile(path)),
+      write: (path, data, mode) => run(Effect.asVoid(session.writeFile(path, data, mode))),
+      list: (path) => run(session.listFiles(path)),
+      copyOut: (guestPath, hostPath) => run(Effect.asVoid(session.copyOut(guestPath, hostPath))),
+      copyIn: (hostPath, guestDir) => run(Effect.asVoid(session.copyIn(hostPath, guestDir)))
+    }
+  }
+}
+
+/** a session held in this process: its scope is the handle's, closed by `close()` */
 const handleFor = async (
   acquire: Effect.Effect<Programs.Session, unknown, AboxContext | Scope.Scope>
 ): Promise<SessionHandle> => {
@@ -283,39 +339,17 @@ const handleFor = async (
     throw error
   }
   let closing: Promise<void> | undefined
-  const close = () => (closing ??= run(Scope.close(scope, Exit.void)))
-  const iterate = (text: string, options?: TurnOptions): AsyncIterable<TurnEvent> =>
-    iterableOf(() => session.turn(text, options?.mode, limitsOf(options)))
-  const handle: SessionHandle = {
-    id: session.id,
-    dir: session.dir,
-    meta: session.meta,
-    hello: session.hello,
-    skipped: session.skipped,
-    turn: iterate,
-    run: (text, options) => collectTurn(iterate(text, options)),
-    close,
-    get closed() {
-      return closing !== undefined
-    },
-    [Symbol.asyncDispose]: close,
-    diff: (options) => run(Repo.diff(session.connection, options)),
-    apply: (options) =>
-      run(Repo.apply(session.connection, { ...options, to: options?.to ?? session.meta.source })),
-    files: filesOf(session),
-    // this process holds the VM: it is frozen here, not through a supervisor
-    fork: (options) => run(Fork.fork(session.id, { name: options?.name, freezeRunning: session.freeze }))
-  }
-  return handle
+  return handleOf(
+    session,
+    { ...Repo.localRepo(session.connection), turn: session.turn },
+    {
+      close: () => (closing ??= run(Scope.close(scope, Exit.void))),
+      closed: () => closing !== undefined,
+      // this process holds the VM: it is frozen here, not through a supervisor
+      fork: (options) => run(Fork.fork(session.id, { name: options?.name, freezeRunning: session.freeze }))
+    }
+  )
 }
-
-const filesOf = (session: Programs.Session): SessionFiles => ({
-  read: (path) => run(Repo.readFile(session.connection, path)),
-  write: (path, data, mode) => run(Effect.asVoid(Repo.writeFile(session.connection, path, data, mode))),
-  list: (path) => run(Repo.listFiles(session.connection, path)),
-  copyOut: (guestPath, hostPath) => run(Effect.asVoid(Repo.copyOut(session.connection, guestPath, hostPath))),
-  copyIn: (hostPath, guestDir) => run(Effect.asVoid(Repo.copyIn(session.connection, hostPath, guestDir)))
-})
 
 /** a stopped session's changes as a git patch: the session boots for it and closes again */
 export const diff = (ref: string, options: Repo.DiffOptions = {}): Promise<string> =>
@@ -405,14 +439,16 @@ export const remove = (ref: string, options: { readonly force?: boolean | undefi
  * frozen disks, with its memory where it had one running or saved. Returns the new session's
  * metadata (resume it by id or name). A session this process holds open: `handle.fork()`.
  */
-export const fork = (ref: string, options: { readonly name?: string | undefined } = {}): Promise<SessionMeta> =>
-  run(Fork.fork(ref, { name: options.name }))
+export const fork = (
+  ref: string,
+  options: { readonly name?: string | undefined } = {}
+): Promise<SessionMeta> => run(Fork.fork(ref, { name: options.name }))
 export { ForkRefused, SessionHasForks } from "../programs/fork.js"
 
 // ---- detached sessions: served by a supervisor process (docs/detached.md) ----
 
-export type { StatusReply as SupervisorStatus } from "../protocol/Control.js"
-export { SessionNotRunning, ControlError, ControlRefused }
+export type { StatusInfo as SupervisorStatus } from "../services/ControlRpc.js"
+export { SessionNotRunning, ControlError, ControlRefused, ControlVersionMismatch }
 
 /**
  * A handle on a session that a supervisor (another process, `abox start` or
@@ -430,66 +466,14 @@ export const attachTo = async (ref: string): Promise<SessionHandle | undefined> 
     )
   )
   let closed = false
-  const turn = (text: string, options?: TurnOptions) => {
-    if (closed) throw new Error(`session handle ${id} is closed`)
-    // shell and prompt turns go the same way: the supervisor runs them on its session
-    return iterableOf(() => Detached.remoteTurn(id, text, options?.mode ?? "shell", limitsOf(options)))
-  }
-  const close = async () => {
-    closed = true
-  }
-  return {
-    id,
-    dir,
-    meta,
-    hello: status.value.hello,
-    skipped: [],
-    turn,
-    run: (text, options) => collectTurn(turn(text, options)),
-    close,
-    get closed() {
-      return closed
+  return handleOf({ id, dir, meta, hello: status.value.hello, skipped: [] }, Detached.remoteSession(id), {
+    close: async () => {
+      closed = true
     },
-    [Symbol.asyncDispose]: close,
-    // its supervisor freezes it (the control protocol's `fork`)
-    fork: (options) => run(Fork.fork(id, { name: options?.name })),
-    // diff, apply and cp go over the control socket: the supervisor runs them on its connection
-    diff: (options) => run(Effect.map(Detached.remoteRepo(id, { op: "diff", ...options }), (r) => r.text)),
-    apply: (options) =>
-      run(
-        Effect.map(
-          Detached.remoteRepo(id, { ...options, op: "apply", to: options?.to ?? meta.source }),
-          (r) => r.done.paths ?? []
-        )
-      ),
-    files: {
-      // single files (at most MAX_REMOTE_FILE_BYTES) and listings over the control socket too
-      read: (path) =>
-        run(
-          Effect.map(
-            Detached.remoteRepo(id, { op: "read", path }),
-            (r) => new Uint8Array(Buffer.from(r.text, "base64"))
-          )
-        ),
-      write: (path, data, mode) =>
-        run(
-          Effect.asVoid(
-            Detached.remoteRepo(id, {
-              op: "write",
-              path,
-              data: Buffer.from(data).toString("base64"),
-              ...(mode === undefined ? {} : { mode })
-            })
-          )
-        ),
-      list: (path) =>
-        run(Effect.map(Detached.remoteRepo(id, { op: "list", path }), (r) => r.done.entries ?? [])),
-      copyOut: (guestPath, hostPath) =>
-        run(Effect.asVoid(Detached.remoteRepo(id, { op: "copy_out", guestPath, hostPath }))),
-      copyIn: (hostPath, guestDir) =>
-        run(Effect.asVoid(Detached.remoteRepo(id, { op: "copy_in", hostPath, guestDir })))
-    }
-  }
+    closed: () => closed,
+    // its supervisor freezes it (the Fork RPC)
+    fork: (options) => run(Fork.fork(id, { name: options?.name }))
+  })
 }
 
 /** stop a detached session (its supervisor runs Close and exits); false if nobody served it */

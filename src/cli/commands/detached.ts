@@ -13,13 +13,15 @@ import * as SubscriptionRef from "effect/SubscriptionRef"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as readline from "node:readline"
-import { ControlError, encodeReadyLine, errorFields, type ControlReply } from "../../protocol/Control.js"
+import type { RpcClientError } from "@effect/rpc/RpcClientError"
+import { ControlError, encodeReadyLine, errorFields } from "../../protocol/Control.js"
+import type { TurnEnded } from "../../services/ControlRpc.js"
 import {
   connect,
   decodeSpec,
   forward,
   READY_FD,
-  remoteError,
+  remoteTurn,
   startDetached,
   stop,
   type SuperviseSpec
@@ -276,7 +278,7 @@ const envPairs = (pairs: ReadonlyArray<string>) =>
   }).pipe(Effect.map((entries) => Object.fromEntries(entries)))
 
 /** the exit status of a turn seen over the control socket: the shell's convention; 124 on timeout */
-const exitStatus = (end: Extract<ControlReply, { type: "turn_end" }>): number =>
+const exitStatus = (end: TurnEnded): number =>
   end.timedOut
     ? 124
     : turnExitCode({ _tag: "End", exitCode: end.exitCode, signal: end.signal, cancelled: end.cancelled })
@@ -411,69 +413,47 @@ export const execCommand = Command.make(
               message: "the input device is not a TTY (exec -it needs a terminal on stdin; drop -t or -i)"
             })
           const tty = args.tty ? localTty() : undefined
-          const connection = yield* connect(args.ref)
-          yield* connection.send({
-            type: "turn",
+          const request = {
             ...turn,
             ...(limits === undefined ? {} : { limits }),
             ...(tty !== undefined ? { tty } : {}),
             ...(args.env.length > 0 ? { env } : {}),
             ...(Option.isSome(args.workdir) ? { cwd: args.workdir.value } : {}),
-            ...(Option.isSome(args.timeout)
-              ? { timeoutMs: Math.max(1, Duration.toMillis(args.timeout.value)) }
-              : {})
-          })
-          let end: Extract<ControlReply, { type: "turn_end" }> | undefined
-          // a signal to this client cancels its turn (like Ctrl-C in the interactive mode); a
-          // client that dies without a word leaves the turn running (docs/detached.md)
-          yield* Effect.addFinalizer(() =>
-            end !== undefined
-              ? Effect.void
-              : connection
-                  .send({ type: "cancel" })
-                  .pipe(
-                    Effect.zipRight(
-                      Stream.runDrain(
-                        connection.replies.pipe(Stream.takeUntil((reply) => reply.type === "turn_end"))
-                      )
-                    ),
-                    Effect.timeout(Duration.seconds(15)),
-                    Effect.ignore
-                  )
-          )
-          if (tty !== undefined) {
-            // typed bytes go to the command as they are (raw mode: ^C is the guest's SIGINT, so this
-            // client does not cancel on it); the terminal's resizes follow it
-            if (args.interactive) {
-              yield* rawStdin
-              yield* stdinBytes.pipe(
-                Stream.runForEach((bytes) =>
-                  connection.send({ type: "input", data: bytes.toString("base64") })
-                ),
-                Effect.ignore,
-                Effect.forkScoped
-              )
-            }
-            if (process.stdout.isTTY === true)
-              yield* terminalResizes.pipe(
-                Stream.runForEach((size) => connection.send({ type: "resize", ...size })),
-                Effect.ignore,
-                Effect.forkScoped
-              )
+            ...(Option.isSome(args.timeout) ? { timeoutMs: Math.max(1, Duration.toMillis(args.timeout.value)) } : {})
           }
-          yield* connection.replies.pipe(
-            Stream.takeUntil((reply) => reply.type === "turn_end" || reply.type === "error"),
-            Stream.runForEach((reply) => {
-              switch (reply.type) {
-                case "event":
+          // a tty turn's controls: typed bytes go to the command as they are (raw mode: ^C is the
+          // guest's SIGINT, so this client does not cancel on it); the terminal's resizes follow it
+          const controls =
+            tty === undefined
+              ? undefined
+              : Stream.merge(
+                  args.interactive
+                    ? Stream.unwrapScoped(
+                        Effect.as(
+                          rawStdin,
+                          stdinBytes.pipe(Stream.map((bytes) => ({ _tag: "Input" as const, bytes: new Uint8Array(bytes) })))
+                        )
+                      )
+                    : Stream.empty,
+                  process.stdout.isTTY === true
+                    ? terminalResizes.pipe(Stream.map((size) => ({ _tag: "Resize" as const, ...size })))
+                    : Stream.empty
+                )
+          let end: TurnEnded | undefined
+          // a signal to this client interrupts the stream, which cancels its turn (like Ctrl-C in
+          // the interactive mode); a client that dies without a word leaves the turn running
+          yield* remoteTurn(args.ref, request, controls).pipe(
+            Stream.runForEach((item) => {
+              switch (item._tag) {
+                case "Event":
                   return args.json
-                    ? Console.log(JSON.stringify({ event: jsonEvent(agentTurnEvent(reply.event)) }))
-                    : printEvent(agentTurnEvent(reply.event))
-                case "turn_end":
-                  end = reply
-                  return args.json ? Console.log(JSON.stringify({ end: reply })) : Effect.void
-                case "error":
-                  return Effect.fail(remoteError(reply.error))
+                    ? Console.log(JSON.stringify({ event: jsonEvent(agentTurnEvent(item.event)) }))
+                    : printEvent(agentTurnEvent(item.event))
+                case "Ended": {
+                  end = item
+                  const { _tag: _, ...fields } = item
+                  return args.json ? Console.log(JSON.stringify({ end: { type: "turn_end", ...fields } })) : Effect.void
+                }
                 default:
                   return Effect.void
               }
@@ -563,20 +543,25 @@ export const attachCommand = Command.make(
     edge({ json: false, scrub: false })(
       Effect.scoped(
         Effect.gen(function* () {
-          const connection = yield* connect(args.ref)
-          yield* connection.send({ type: "attach", typist: !args.watch })
-          const first = yield* connection.next
-          if (Option.isNone(first))
-            return yield* new ControlError({
-              reason: "closed",
-              message: "the supervisor closed the connection"
-            })
-          if (first.value.type === "error") return yield* remoteError(first.value.error)
-          const typist = first.value.type === "attached" && first.value.typist
+          const { sessionId, client } = yield* connect(args.ref)
+          const lost = (error: RpcClientError) =>
+            new ControlError({ reason: "closed", message: `control connection: ${error.message}` })
+          const replies = yield* Stream.toPull(client.Attach({ typist: !args.watch }))
+          const pull = replies.pipe(
+            Effect.mapError(
+              Option.match({
+                onNone: () => new ControlError({ reason: "closed", message: "the supervisor closed the connection" }),
+                onSome: lost
+              })
+            )
+          )
+          const first = [...(yield* pull)][0]
+          const attached = first?._tag === "Attached" ? first : undefined
+          const typist = attached?.typist === true
           // a typed line: `!cmd` a shell command, else a prompt (a turn for the agent command if it has one)
-          const lines = (first.value.type === "attached" ? first.value.lines : undefined) ?? "prompt"
+          const lines = attached?.lines ?? "prompt"
           process.stderr.write(
-            `abox: attached to ${connection.sessionId} (${typist ? "you type" : "watching"})\n${typist ? HELP + "\n" : ""}`
+            `abox: attached to ${sessionId} (${typist ? "you type" : "watching"})\n${typist ? HELP + "\n" : ""}`
           )
           const rl = yield* Effect.acquireRelease(
             Effect.sync(() =>
@@ -602,17 +587,23 @@ export const attachCommand = Command.make(
             Stream.takeWhile((line) => line.trim() !== "/detach"),
             Stream.runForEach((line) => {
               if (!typist) return Effect.void
-              if (line === "\u0003") return connection.send({ type: "cancel" })
+              if (line === "\u0003") return client.Cancel().pipe(Effect.mapError(lost))
               const turn = parseLine(line.trim(), lines)
               return turn.text === ""
                 ? prompt()
                 : Effect.zipRight(
                     SubscriptionRef.update(outstanding, (n) => n + 1),
-                    connection.send({
-                      type: "turn",
-                      text: turn.text,
-                      ...(turn.mode === "prompt" ? { mode: "prompt" } : {})
-                    })
+                    client
+                      .Type({ text: turn.text, ...(turn.mode === "prompt" ? { mode: "prompt" as const } : {}) })
+                      .pipe(
+                        Effect.catchTag("ControlError", (error) =>
+                          Effect.zipRight(
+                            Effect.sync(() => process.stderr.write(`abox: ${escapeControl(error.message)}\n`)),
+                            SubscriptionRef.update(outstanding, (n) => n - 1)
+                          )
+                        ),
+                        Effect.mapError((error) => (error._tag === "RpcClientError" ? lost(error) : error))
+                      )
                   )
             }),
             Effect.zipRight(
@@ -622,42 +613,46 @@ export const attachCommand = Command.make(
               )
             )
           )
-          const output = connection.replies.pipe(
-            Stream.runForEach((reply) => {
-              switch (reply.type) {
-                case "turn_started":
-                  return Effect.sync(() => {
-                    if (reply.mine === true) mine.add(reply.turn)
-                    process.stderr.write(`· turn ${reply.turn}: ${escapeControl(reply.text)}\n`)
-                  })
-                case "event":
-                  return printEvent(agentTurnEvent(reply.event))
-                case "turn_end": {
-                  const code = exitStatus(reply)
-                  const own = mine.delete(reply.turn)
-                  return Effect.zipRight(
-                    own ? SubscriptionRef.update(outstanding, (n) => n - 1) : Effect.void,
-                    Effect.zipRight(
-                      Effect.sync(() =>
-                        process.stderr.write(
-                          `· turn ${reply.turn} ended${code !== 0 ? `: exit ${code}` : ""}${reply.timedOut ? " (timed out)" : reply.cancelled ? " (cancelled)" : ""}\n`
-                        )
-                      ),
-                      prompt()
+          const output = pull.pipe(
+            Effect.flatMap((chunk) =>
+              Effect.forEach(chunk, (reply) => {
+                switch (reply._tag) {
+                  case "Started":
+                    return Effect.sync(() => {
+                      if (reply.mine === true) mine.add(reply.turn)
+                      process.stderr.write(`· turn ${reply.turn}: ${escapeControl(reply.text)}\n`)
+                    })
+                  case "Event":
+                    return printEvent(agentTurnEvent(reply.event))
+                  case "Ended": {
+                    const code = exitStatus(reply)
+                    const own = mine.delete(reply.turn)
+                    return Effect.zipRight(
+                      own ? SubscriptionRef.update(outstanding, (n) => n - 1) : Effect.void,
+                      Effect.zipRight(
+                        Effect.sync(() =>
+                          process.stderr.write(
+                            `· turn ${reply.turn} ended${code !== 0 ? `: exit ${code}` : ""}${reply.timedOut ? " (timed out)" : reply.cancelled ? " (cancelled)" : ""}\n`
+                          )
+                        ),
+                        prompt()
+                      )
                     )
-                  )
+                  }
+                  case "Failed": {
+                    const own = reply.turn !== null && mine.delete(reply.turn)
+                    return Effect.zipRight(
+                      Effect.sync(() => process.stderr.write(`abox: ${escapeControl(reply.error.message)}\n`)),
+                      own ? SubscriptionRef.update(outstanding, (n) => n - 1) : Effect.void
+                    )
+                  }
+                  default:
+                    return Effect.void
                 }
-                case "error":
-                  return Effect.zipRight(
-                    Effect.sync(() =>
-                      process.stderr.write(`abox: ${escapeControl(remoteError(reply.error).message)}\n`)
-                    ),
-                    SubscriptionRef.update(outstanding, (n) => n - 1)
-                  )
-                default:
-                  return Effect.void
-              }
-            }),
+              })
+            ),
+            Effect.forever,
+            Effect.ignore,
             Effect.zipRight(Effect.sync(() => process.stderr.write("\nabox: the session closed\n")))
           )
           yield* prompt()

@@ -5,7 +5,7 @@ import * as Console from "effect/Console"
 import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as fs from "node:fs/promises"
-import { viaSupervisorOr } from "../../programs/detached.js"
+import { withRepo } from "../../programs/detached.js"
 import * as Repo from "../../programs/repo.js"
 import { escapeControl } from "../../lib/text.js"
 import { RepoPathInvalid } from "../../domain/repoErrors.js"
@@ -42,14 +42,7 @@ export const diffCommand = Command.make(
     edge({ json: false })(
       Effect.gen(function* () {
         // a running session's supervisor runs it; else the session boots for it
-        const patch = yield* viaSupervisorOr(
-          args.ref,
-          { op: "diff", stat: args.stat, paths: args.paths },
-          (remote) => remote.text,
-          Repo.withConnection(args.ref, (connection) =>
-            Repo.diff(connection, { stat: args.stat, paths: args.paths })
-          )
-        )
+        const patch = yield* withRepo(args.ref, (repo) => repo.diff({ stat: args.stat, paths: args.paths }))
         if (Option.isSome(args.output)) {
           const file = args.output.value
           yield* Effect.tryPromise({
@@ -95,13 +88,8 @@ export const applyCommand = Command.make(
     edge({ json: args.json })(
       Effect.gen(function* () {
         const to = Option.isSome(args.to) ? args.to.value : yield* Repo.recordedSource(args.ref)
-        const touched = yield* viaSupervisorOr(
-          args.ref,
-          { op: "apply", to, check: args.check, threeWay: args.threeWay, paths: args.paths },
-          (remote) => remote.done.paths ?? [],
-          Repo.withConnection(args.ref, (connection) =>
-            Repo.apply(connection, { to, check: args.check, threeWay: args.threeWay, paths: args.paths })
-          )
+        const touched = yield* withRepo(args.ref, (repo) =>
+          repo.apply({ to, check: args.check, threeWay: args.threeWay, paths: args.paths })
         )
         if (args.json) return yield* printJson({ applied: !args.check, to, paths: touched })
         yield* Console.error(
@@ -159,24 +147,8 @@ export const cpCommand = Command.make(
         const includeGit = args.includeGit ? { includeGit: true } : {}
         const result =
           from !== undefined
-            ? yield* viaSupervisorOr(
-                from.ref,
-                { op: "copy_out", guestPath: from.path, hostPath: args.to, ...includeGit },
-                (remote) => ({
-                  files: remote.done.files ?? 0,
-                  bytes: remote.done.bytes ?? 0,
-                  path: remote.done.path ?? args.to
-                }),
-                Repo.withConnection(from.ref, (connection) =>
-                  Repo.copyOut(connection, from.path, args.to, includeGit)
-                )
-              )
-            : yield* viaSupervisorOr(
-                to!.ref,
-                { op: "copy_in", hostPath: args.from, guestDir: to!.path },
-                (remote) => ({ files: remote.done.files ?? 0, bytes: remote.done.bytes ?? 0 }),
-                Repo.withConnection(to!.ref, (connection) => Repo.copyIn(connection, args.from, to!.path))
-              )
+            ? yield* withRepo(from.ref, (repo) => repo.copyOut(from.path, args.to, includeGit))
+            : yield* withRepo(to!.ref, (repo) => repo.copyIn(args.from, to!.path))
         if (args.json) return yield* printJson(result)
         yield* Console.error(`abox: copied ${result.files} file(s), ${result.bytes} bytes`)
       })
