@@ -326,6 +326,26 @@ describe("detached supervisor (FakeVmm)", () => {
     120_000
   )
 
+  it.live(
+    "a VM that ends by itself (SIGKILLed) ends its supervisor at once (guest-gone): the host never outlives its VM",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const ready = yield* Deferred.make<void>()
+        const fiber = yield* supervise(open({ source: source(), name: "dies" }), {
+          onReady: () => Deferred.succeed(ready, undefined)
+        }).pipe(Effect.fork)
+        yield* Deferred.await(ready)
+        // no client, no turn: nothing else would notice the VM is gone
+        const guests = processesMentioning(home)
+        expect(guests.length).toBeGreaterThan(0)
+        for (const pid of guests) process.kill(pid, "SIGKILL")
+        expect(yield* Fiber.join(fiber).pipe(Effect.timeout("30 seconds"))).toBe("guest-gone")
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
   it.effect(
     "the idle timeout (TestClock): no client and no turn for that long closes the session; a client resets it",
     () => {

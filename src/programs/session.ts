@@ -40,7 +40,14 @@ import { type GoldenImage } from "../domain/image.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
 import { VmmBackend } from "../services/VmmBackend.js"
-import { VmmError, type CloseBounds, type RepoDisks, type VmHandle, type VmSpec } from "../domain/vm.js"
+import {
+  VmmError,
+  type CloseBounds,
+  type RepoDisks,
+  type VmExit,
+  type VmHandle,
+  type VmSpec
+} from "../domain/vm.js"
 import type { StateManifest } from "../domain/memoryState.js"
 import {
   freezeVm,
@@ -103,6 +110,11 @@ export interface Session {
   readonly freeze: (statePath: string) => Effect.Effect<Frozen, FreezeError, CommandExecutor>
   /** this boot restored a saved memory state (false: a cold boot) */
   readonly restored: boolean
+  /**
+   * completes if the VM ends by itself (killed, crashed, powered off from inside); never for the
+   * end a suspend asks for. A session host watches it so it does not outlive its VM
+   */
+  readonly vmEnded: Effect.Effect<VmExit>
 }
 
 export type TurnMode = "shell" | "prompt"
@@ -487,6 +499,8 @@ const sessionFrom = (
   let turns = connection.hello.contextTurns ?? 0
   // turns running now: a suspend waits for none
   let running = 0
+  // a suspend ends the VM on purpose
+  let suspending = false
   const counted = <A, E, R>(stream: Stream.Stream<A, E, R>) =>
     Stream.ensuring(
       Stream.unwrap(Effect.sync(() => (running += 1)).pipe(Effect.as(stream))),
@@ -535,7 +549,10 @@ const sessionFrom = (
         ? Effect.fail(
             new SuspendRefused({ reason: "busy", message: "a turn is running: suspend once it has ended" })
           )
-        : suspendVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "")
+        : Effect.sync(() => (suspending = true)).pipe(
+            Effect.zipRight(suspendVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "")),
+            Effect.onError(() => Effect.sync(() => (suspending = false)))
+          )
     ),
     freeze: (statePath) =>
       Effect.suspend(() =>
@@ -545,7 +562,8 @@ const sessionFrom = (
             )
           : freezeVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "", statePath)
       ),
-    restored: booted.restored
+    restored: booted.restored,
+    vmEnded: booted.vm.exited.pipe(Effect.flatMap((exit) => (suspending ? Effect.never : Effect.succeed(exit))))
   }
 }
 

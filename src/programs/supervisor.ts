@@ -556,6 +556,8 @@ const serve = Effect.fn("supervisor.serve")(function* (
       ? { begin: Effect.void, end: Effect.void, touch: Effect.void }
       : yield* idleTimeout(options.idleTimeout, onIdle(session, options, stopped))
   const host = yield* makeHost(session, stopped, idle)
+  // a VM that ends by itself (killed, crashed) ends its host: a supervisor never outlives its VM
+  yield* Effect.forkScoped(session.vmEnded.pipe(Effect.zipRight(Deferred.succeed(stopped, "guest-gone"))))
 
   // the RPC server, fed the connections that passed their handshake (programs/controlProtocol.ts)
   const control = yield* makeControlProtocol
