@@ -179,11 +179,17 @@ export const startDetached = Effect.fn("detached.start")(function* (spec: Superv
     catch: (cause) => new ControlError({ reason: "spawn", message: `${logFile}: ${String(cause)}` })
   })
   const line = yield* Effect.async<string | undefined, ControlError>((resume) => {
-    const child = spawn(process.execPath, [cli, "supervise", "--spec", encodeSpec(spec)], {
-      detached: true,
-      stdio: ["ignore", log, log, "pipe"],
-      env: process.env
-    })
+    // a small young generation: the supervisor lives as long as its session, and V8's default
+    // semi-spaces (16 MiB) let its RSS swing by tens of MiB under a burst of control requests
+    const child = spawn(
+      process.execPath,
+      ["--max-semi-space-size=1", cli, "supervise", "--spec", encodeSpec(spec)],
+      {
+        detached: true,
+        stdio: ["ignore", log, log, "pipe"],
+        env: process.env
+      }
+    )
     fs.closeSync(log)
     const ready = child.stdio[READY_FD] as net.Socket | null
     let text = ""
