@@ -38,6 +38,12 @@ export interface VmSpec {
   readonly kernelArgs?: ReadonlyArray<string>
   /** the session's repository disks (src/lib/repoDisk.ts), when it has them */
   readonly repoDisks?: RepoDisks | undefined
+  /**
+   * the warm layout (the backend's `warm` capability; docs/on-disk.md "Warm snapshots"): no
+   * config or repository disk, the guest waits for the session message (docs/protocol.md "Warm
+   * open"); with `incoming`, the VM is restored from that state file instead of booting
+   */
+  readonly warm?: { readonly incoming?: string | undefined } | undefined
 }
 
 /**

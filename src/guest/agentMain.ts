@@ -31,6 +31,7 @@ import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { ensureStateDir, loadContext } from "./context.js"
 import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
 import { mountRepoDisks, type RepoDisks } from "./repoDisk.js"
+import { announceWaiting, applyHandoff, awaitHandoff, kernelSaysWait } from "./handoff.js"
 import { openRpc } from "./rpcPort.js"
 import { TunnelClient } from "./tunnels.js"
 import { PromptRunner } from "./prompts.js"
@@ -239,6 +240,17 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     log(`cannot open the RPC channel ${flags.rpc}: ${errorText(error)}`)
     process.exit(GuestExit.NoRpc)
   }
+  // warm open: no config disk; the session comes as the host's first message after a restore
+  const waiting = flags.session === "wait" || (flags.session === "auto" && (await kernelSaysWait()))
+  if (waiting) {
+    try {
+      await announceWaiting(rpc.stream)
+    } catch (error) {
+      log(`cannot announce on the RPC channel: ${errorText(error)}`)
+      process.exit(GuestExit.NoRpc)
+    }
+    log("waiting for a session")
+  }
   const mux = new Mux(rpc.stream, { receiveWindow: GUEST_RECEIVE_WINDOW })
   const fail = async (code: string, message: string, exit: number): Promise<never> => {
     log(message)
@@ -247,7 +259,13 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     process.exit(exit)
   }
 
-  const config = await readConfigDisk(flags.config)
+  let config: Either.Either<GuestConfig, string>
+  if (waiting) {
+    const handoff = await awaitHandoff(mux)
+    if (typeof handoff === "string") return fail("bad_config", handoff, GuestExit.BadConfig)
+    if (isRoot()) await applyHandoff(handoff, log)
+    config = Either.right(handoff.config)
+  } else config = await readConfigDisk(flags.config)
   if (Either.isLeft(config)) return fail("bad_config", config.left, GuestExit.BadConfig)
 
   let user: TurnUser | undefined

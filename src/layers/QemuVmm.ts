@@ -12,10 +12,19 @@ import { VmmError, VmmUnavailable, type VmSpec } from "../domain/vm.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
 import { kvmOpens, probeKvm } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
-import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
+import { ensureSocketDir, rpcSocketPath, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { SESSION_FILES } from "../domain/sessionLayout.js"
 import { findExecutable } from "../lib/executable.js"
+import { execFileSync } from "node:child_process"
+import type * as net from "node:net"
+import * as Deferred from "effect/Deferred"
+import * as Duration from "effect/Duration"
+import { listenUnixServer } from "../lib/unixServer.js"
+import { WARM_READY } from "../protocol/Messages.js"
+import type { WarmBuildSpec } from "../domain/warm.js"
+import { saveState } from "../vmm/warmSnapshot.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 export interface QemuVmmOptions {
   /** guest architecture this backend runs (default: the host's) */
@@ -140,12 +149,125 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       })
     })
 
+    const qemuPath = Effect.suspend(() => {
+      const qemu = findExecutable(binary)
+      return qemu === undefined
+        ? Effect.fail(new VmmUnavailable({ backend: "qemu", message: `${binary} is not installed` }))
+        : Effect.succeed(qemu)
+    })
+
+    /** `qemu-system-* --version`'s first line: a state file is restored only by the QEMU that saved it */
+    const qemuVersion = (qemu: string) =>
+      Effect.try({
+        try: () =>
+          execFileSync(qemu, ["--version"], { encoding: "utf8", env: minimalEnv() }).split("\n")[0]!.trim(),
+        catch: (cause) => vmmError("version", `${qemu} --version: ${errorMessage(cause)}`)
+      })
+
+    const warmInputs = Effect.fn("QemuVmm.warm.inputs")(function* (
+      image: { readonly digest: string },
+      resources: { readonly cpus: number; readonly memoryMiB: number }
+    ) {
+      const qemu = yield* qemuPath
+      const accel = yield* chooseAccel(qemu)
+      const layout = buildQemuArgv({
+        arch,
+        accel,
+        kernel: "<kernel>",
+        initrd: "<initrd>",
+        rootDisk: "<root>",
+        rootDiskFormat: "qcow2",
+        configDisk: "<config>",
+        rpcSocket: "<rpc>",
+        qmpSocket: "<qmp>",
+        cpus: resources.cpus,
+        memoryMiB: resources.memoryMiB,
+        warm: {}
+      })
+      return {
+        imageDigest: image.digest,
+        qemuVersion: yield* qemuVersion(qemu),
+        layout,
+        cpus: resources.cpus,
+        memoryMiB: resources.memoryMiB
+      }
+    })
+
+    /**
+     * The snapshot's boot: a raw listener on the rpc socket (QEMU connects at start), the golden
+     * in the warm layout, WARM_READY from the waiting agent, then the state saved and the VM quit
+     * (its scope: the helper's QMP quit of a paused VM). No session exists: no lock, no config.
+     */
+    const warmBuild = Effect.fn("QemuVmm.warm.build")(function* (spec: WarmBuildSpec) {
+      // <workDir>/rpc.sock, or a short path where that is too long for a unix socket
+      const rpcSocket = rpcSocketPath(spec.workDir)
+      yield* ensureSocketDir(rpcSocket).pipe(Effect.mapError((e) => vmmError("warm", e.message)))
+      const ready = yield* Deferred.make<void>()
+      const held: Array<net.Socket> = []
+      yield* Effect.acquireRelease(
+        listenUnixServer(rpcSocket, {}, (socket) => {
+          held.push(socket)
+          let seen = ""
+          socket.on("error", () => undefined)
+          socket.on("data", (chunk: Buffer) => {
+            seen = (seen + chunk.toString("latin1")).slice(-64)
+            if (seen.includes(WARM_READY)) Deferred.unsafeDone(ready, Effect.void)
+          })
+        }).pipe(Effect.mapError((e) => vmmError("warm", e.message))),
+        // the connection stays open until QEMU has quit: the saved guest never sees its host go
+        (server) =>
+          Effect.sync(() => {
+            for (const socket of held) socket.destroy()
+            server.close()
+            fs.rmSync(rpcSocket, { force: true })
+          })
+      )
+      const vm = yield* start({
+        sessionId: "warm",
+        sessionDir: spec.workDir,
+        arch,
+        kernel: spec.kernel,
+        initrd: spec.initrd,
+        rootDisk: spec.rootDisk,
+        rootDiskFormat: "qcow2",
+        configDisk: "",
+        rpcSocket,
+        consoleLog: path.join(spec.workDir, SESSION_FILES.consoleLog),
+        cpus: spec.cpus,
+        memoryMiB: spec.memoryMiB,
+        lockFd: -1,
+        bounds: { graceful: Duration.zero, signalled: "5 seconds", killed: "5 seconds" },
+        warm: {}
+      })
+      yield* Effect.raceFirst(
+        Deferred.await(ready),
+        vm.exited.pipe(
+          Effect.flatMap((exit) =>
+            Effect.fail(
+              vmmError("warm", `the VM exited before its guest waited (exit ${exit.exitCode ?? exit.signal})`)
+            )
+          )
+        )
+      ).pipe(
+        Effect.timeoutFail({
+          duration: "3 minutes",
+          onTimeout: () => vmmError("warm", "the guest did not reach its waiting state within 3 minutes")
+        })
+      )
+      const qmpSocket = sessionSocketPath(spec.workDir, SESSION_FILES.qmpSocket)
+      yield* Effect.tryPromise({
+        try: () => saveState(qmpSocket, spec.stateFile),
+        catch: (cause) => vmmError("warm", `saving the VM's state: ${errorMessage(cause)}`)
+      })
+    }, Effect.scoped)
+
     return VmmBackend.of({
       name: "qemu",
       arch,
       start,
       repoDiskFormat: "qcow2",
-      rootDiskFormat: "qcow2"
+      rootDiskFormat: "qcow2",
+      warm: { inputs: warmInputs, build: warmBuild }
     } satisfies VmmBackendShape)
   })
 

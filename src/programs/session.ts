@@ -13,7 +13,8 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
 import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
-import { checkOverlay, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
+import { checkOverlay, copyWarmRoot, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
+import { warmSnapshotFor } from "./warm.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { earlyExitReport } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -105,6 +106,11 @@ export interface BootOptions {
   readonly onPhase?: ((phase: Phase) => Effect.Effect<void> | void) | undefined
   /** told as the snapshot moves into the session (the CLI's progress bar) */
   readonly onProgress?: ((progress: TransferProgress) => Effect.Effect<void>) | undefined
+  /**
+   * Open only: restore the image's warm snapshot instead of booting (default true; also
+   * `ABOX_WARM=0`); where it cannot be used, Open boots and says why at debug level
+   */
+  readonly warm?: boolean | undefined
 }
 
 /** how far a transfer is: bytes (and files, where known) of the totals */
@@ -290,7 +296,9 @@ const boot = Effect.fn("session.boot")(function* (
   lock: HeldLock,
   options: BootOptions,
   recordedPolicy: BrokerPolicy,
-  repoDisks: RepoDisks | undefined
+  repoDisks: RepoDisks | undefined,
+  /** restore this warm state instead of booting; the config goes as the first message */
+  warm?: { readonly state: string } | undefined
 ) {
   const store = yield* SessionStore
   const vmm = yield* VmmBackend
@@ -304,7 +312,9 @@ const boot = Effect.fn("session.boot")(function* (
   const policy = model.policy
   // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
   const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
-  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker, model.spec))
+  const config = guestConfigFor(meta.id, options, policy, broker, model.spec)
+  // written for a warm session too: its resume boots from the disk
+  yield* writeConfig(meta.id, dir, config)
 
   const vmRef = yield* Ref.make(Option.none<VmHandle>())
   yield* Effect.addFinalizer(() =>
@@ -333,7 +343,8 @@ const boot = Effect.fn("session.boot")(function* (
   )
   const listener = yield* rpc.listen(files.rpcSocket, {
     helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
-    shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT
+    shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT,
+    ...(warm === undefined ? {} : { handoff: { config } })
   })
   const vm = yield* vmm.start({
     sessionId: meta.id,
@@ -350,7 +361,8 @@ const boot = Effect.fn("session.boot")(function* (
     memoryMiB: options.memoryMiB ?? meta.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
     lockFd: lock.fd,
     bounds: { ...DEFAULT_BOUNDS, ...options.bounds },
-    ...(repoDisks === undefined ? {} : { repoDisks })
+    ...(repoDisks === undefined ? {} : { repoDisks }),
+    ...(warm === undefined ? {} : { warm: { incoming: warm.state } })
   })
   yield* Ref.set(vmRef, Option.some(vm))
 
@@ -468,27 +480,32 @@ const sessionFrom = (
   }
 }
 
+/** a restored guest answers within seconds: one that does not is given up for a boot */
+const WARM_HELLO_TIMEOUT = Duration.minutes(1)
+
 /**
- * Runs `build` in a scope of its own, forked from the caller's: on success the resources join
- * the caller's scope; on failure or interruption they are released at once (VM stopped,
- * lock freed) and `undo` runs, so nothing half-made is left.
+ * Runs `build` in a scope of its own, forked from the caller's: on success its resources join
+ * the caller's scope; on failure they are released at once (e.g. a failed warm restore's VM
+ * stopped and its rpc.sock freed before the boot that replaces it).
+ */
+const isolated = <A, E, R>(build: Effect.Effect<A, E, R | Scope.Scope>) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.fork(yield* Effect.scope, ExecutionStrategy.sequential)
+    return yield* build.pipe(
+      Scope.extend(scope),
+      Effect.onExit((exit) => (Exit.isSuccess(exit) ? Effect.void : Scope.close(scope, exit)))
+    )
+  })
+
+/**
+ * Runs `build` in a scope of its own (`isolated`): on success the resources join the caller's
+ * scope; on failure or interruption they are released at once (VM stopped, lock freed) and
+ * `undo` runs, so nothing half-made is left.
  */
 const transactional = <A, E, R, E2, R2>(
   build: Effect.Effect<A, E, R | Scope.Scope>,
   undo: Effect.Effect<void, E2, R2>
-) =>
-  Effect.gen(function* () {
-    const parent = yield* Effect.scope
-    const scope = yield* Scope.fork(parent, ExecutionStrategy.sequential)
-    return yield* build.pipe(
-      Scope.extend(scope),
-      Effect.onExit((exit) =>
-        Exit.isSuccess(exit)
-          ? Effect.void
-          : Scope.close(scope, exit).pipe(Effect.zipRight(Effect.ignore(undo)))
-      )
-    )
-  })
+) => isolated<A, E, R>(build).pipe(Effect.onError(() => Effect.ignore(undo)))
 
 /**
  * A failed Open removes its session directory: the VM's logs (the guest console, the VMM's own
@@ -545,6 +562,15 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     })
   }
   const tools = vmm.repoDiskFormat === undefined ? undefined : yield* repoDiskTools(vmm.repoDiskFormat)
+  const resources = {
+    cpus: options.cpus ?? DEFAULT_CPUS,
+    memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB
+  }
+  // before the session exists: a snapshot made here holds no session's anything
+  const warm = yield* warmSnapshotFor(image, resources, { enabled: options.warm })
+  if (warm._tag === "Cold") yield* Effect.logDebug(`open: booting (no warm open): ${warm.reason}`)
+  else
+    yield* Effect.logDebug(`open: restoring the warm snapshot ${warm.dir}${warm.built ? " (made now)" : ""}`)
 
   // binds the name too (NameTaken before anything is made); undo removes both
   const meta = yield* store.create({
@@ -554,7 +580,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     image: image.identity,
     guest: { arch: image.arch, protocol: image.protocol },
     vmm: { backend: vmm.name },
-    resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB },
+    resources,
     policy
   })
   // create makes every new session in the current home
@@ -572,19 +598,62 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     Effect.gen(function* () {
       const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
-      // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
-      const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
-      const made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
+      // warm: the snapshot's root copied, the VM restored, the repository sent as a tar after
+      // the hello (the snapshot has no repository disk); a restore that fails boots instead
+      const restored =
+        warm._tag === "Cold"
+          ? undefined
+          : yield* isolated(
+              Effect.gen(function* () {
+                const root = yield* copyWarmRoot(image, warm.root, dir)
+                const made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
+                const booted = yield* boot(
+                  made,
+                  dir,
+                  image,
+                  held,
+                  {
+                    ...options,
+                    helloTimeout: Duration.min(
+                      Duration.decode(options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT),
+                      WARM_HELLO_TIMEOUT
+                    )
+                  },
+                  policy,
+                  undefined,
+                  { state: warm.state }
+                )
+                return { made, booted }
+              })
+            ).pipe(
+              Effect.tapError((error) =>
+                Effect.logDebug(
+                  `open: the warm snapshot ${warm.dir} did not restore, booting: ${error.message}`
+                )
+              ),
+              Effect.option,
+              Effect.map(Option.getOrUndefined)
+            )
+      let made: SessionMeta
+      let booted: Effect.Effect.Success<ReturnType<typeof boot>>
       // the snapshot as a disk built here (no per-file work in the guest), where the backend
       // attaches one and the tools are present; else a tar streamed in after the hello
       let disks: RepoDisks | undefined = undefined
-      if (vmm.repoDiskFormat !== undefined && tools !== undefined) {
-        yield* phase(options, "transfer")
-        yield* progress(false)
-        disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
-        if (disks !== undefined) yield* progress(true)
+      if (restored !== undefined) {
+        made = restored.made
+        booted = restored.booted
+      } else {
+        // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
+        const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
+        made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
+        if (vmm.repoDiskFormat !== undefined && tools !== undefined) {
+          yield* phase(options, "transfer")
+          yield* progress(false)
+          disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
+          if (disks !== undefined) yield* progress(true)
+        }
+        booted = yield* boot(made, dir, image, held, options, policy, disks)
       }
-      const booted = yield* boot(made, dir, image, held, options, policy, disks)
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
         yield* phase(options, "transfer")
         yield* progress(false)

@@ -1,4 +1,5 @@
 import * as Context from "effect/Context"
+import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type * as Duration from "effect/Duration"
 import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
@@ -181,6 +182,12 @@ export interface GuestRpcOptions {
   readonly shutdownTimeout: Duration.DurationInput
   /** after the tar's EOF, the bound on the wait for `transfer_end` (default 5 minutes) */
   readonly transferEndTimeout?: Duration.DurationInput
+  /**
+   * warm open (docs/protocol.md "Warm open"): the guest was restored from a warm snapshot and
+   * waits; the connection's first message is `session` with this config, the host's clock and
+   * fresh entropy (each connection its own), before the hello is awaited
+   */
+  readonly handoff?: { readonly config: GuestConfig } | undefined
 }
 
 /**

@@ -18,7 +18,17 @@ export interface QemuArgvInput {
   readonly memoryMiB: number
   readonly kernelArgs?: ReadonlyArray<string> | undefined
   readonly repoDisks?: RepoDisks | undefined
+  /**
+   * the layout of an image's warm snapshot (docs/on-disk.md "Warm snapshots"): no config or
+   * repository disk (the guest waits for its session, `abox.session=wait`); with `incoming`, the
+   * VM's state is restored from that file (it runs as soon as it is loaded). The argv is the
+   * same for the snapshot's boot and every restore but for the files it names.
+   */
+  readonly warm?: { readonly incoming?: string | undefined } | undefined
 }
+
+/** a path as one word of `sh -c` (QEMU runs an exec: migration URI through the shell) */
+export const shellQuote = (value: string): string => `'${value.replaceAll("'", `'\\''`)}'`
 
 export const qemuBinary = (arch: GuestArch): string =>
   arch === "x86_64" ? "qemu-system-x86_64" : "qemu-system-aarch64"
@@ -38,7 +48,14 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
   const machine = x86 ? `q35,accel=${input.accel}` : `virt,accel=${input.accel}`
   const cpu = input.accel === "tcg" ? "max" : "host"
   const console = x86 ? "ttyS0" : "ttyAMA0"
-  const append = [`console=${console}`, "quiet", "panic=-1", ...(input.kernelArgs ?? [])].join(" ")
+  const warm = input.warm
+  const append = [
+    `console=${console}`,
+    "quiet",
+    "panic=-1",
+    ...(warm === undefined ? [] : ["abox.session=wait"]),
+    ...(input.kernelArgs ?? [])
+  ].join(" ")
   return [
     "-nodefaults",
     "-no-user-config",
@@ -61,13 +78,14 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "-drive",
     // discard=unmap: the guest's deletes (ext4 mounted with discard) free the host's blocks
     `file=${escapeOptionValue(input.rootDisk)},format=${input.rootDiskFormat ?? "raw"},if=virtio,cache=writeback,discard=unmap`,
-    "-drive",
-    `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`,
+    ...(warm === undefined
+      ? ["-drive", `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`]
+      : []),
     // the repository (writable: an overlay of the baseline) and the baseline (read-only), found
     // by the guest by their serials; pinned to high PCI slots so that they enumerate after the
     // root and config disks (auto-assigned low slots), which stay vda and vdb for the initrd
     // of every image
-    ...(input.repoDisks === undefined
+    ...(input.repoDisks === undefined || warm !== undefined
       ? []
       : [
           "-drive",
@@ -100,7 +118,8 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "-monitor",
     "none",
     "-display",
-    "none"
+    "none",
+    ...(warm?.incoming === undefined ? [] : ["-incoming", `exec:cat ${shellQuote(warm.incoming)}`])
   ]
 }
 

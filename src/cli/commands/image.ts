@@ -30,9 +30,12 @@ const row = (image: RegisteredImage) =>
       `kernel ${image.meta.kernel}  node ${image.meta.node}  agent ${short(image.meta.agent)}  protocol ${image.meta.protocol}  ${image.meta.created}`
   )
 
-/** `abox image list`: how many sessions use the image, and the golden's bytes they share */
+/** `abox image list`: how many sessions use the image, the golden's bytes they share, its warm snapshot */
 const usageOf = (image: ImageListing) =>
-  `  ${image.sessions} session${image.sessions === 1 ? "" : "s"}, ${formatBytes(image.sharedBytes)} shared`
+  `  ${image.sessions} session${image.sessions === 1 ? "" : "s"}, ${formatBytes(image.sharedBytes)} shared, ` +
+  (image.warm.snapshots === 0
+    ? "no warm snapshot"
+    : `${image.warm.snapshots} warm snapshot${image.warm.snapshots === 1 ? "" : "s"} (${formatBytes(image.warm.bytes)})`)
 
 const rowJson = (image: RegisteredImage) => ({ ...image.meta, dir: image.dir, default: image.isDefault })
 
@@ -94,7 +97,8 @@ const list = Command.make("list", { json }, (args) =>
           images: images.map((image) => ({
             ...rowJson(image),
             sessions: image.sessions,
-            sharedBytes: image.sharedBytes
+            sharedBytes: image.sharedBytes,
+            warm: image.warm
           })),
           problems
         })

@@ -3,7 +3,9 @@
  * handshake (hello, version check, ready), and the operations; the connection's scope ends with
  * Close's first step (shutdown), then the mux is destroyed.
  */
+import * as Clock from "effect/Clock"
 import * as Data from "effect/Data"
+import * as crypto from "node:crypto"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
@@ -120,6 +122,16 @@ export const connect = (
         Effect.ensuring(link.destroy)
       )
     )
+    // warm open: the waiting guest's session comes first (its entropy new for every connection)
+    if (options.handoff !== undefined) {
+      const time = yield* Clock.currentTimeMillis
+      yield* link.send({
+        type: "session",
+        config: options.handoff.config,
+        time,
+        entropy: crypto.randomBytes(64).toString("base64")
+      })
+    }
     // a failed handshake closes the connection at once
     const hello = yield* handshake(link, dispatcher, options.helloTimeout).pipe(
       Effect.tapError(() => link.close)

@@ -1,0 +1,179 @@
+/**
+ * Warm open (docs/on-disk.md "Warm snapshots"): an image's golden, booted once with its agent
+ * waiting for a session, saved; Open restores it (≈ 1 s under TCG against a 5 s boot) and hands
+ * the session over the protocol. The snapshot is made lazily by the first Open that needs it
+ * (or ahead, `abox image warm`), content-addressed by what makes it restorable; where one cannot
+ * be used, Open cold-boots and says why at `--log-level debug`.
+ *
+ * No session exists when it is made: no config, no broker, no credential is in that VM (only the
+ * golden's files and a guest waiting), so no state file holds a secret.
+ */
+import * as Config from "effect/Config"
+import * as Effect from "effect/Effect"
+import * as Either from "effect/Either"
+import * as crypto from "node:crypto"
+// Raw node:fs: a small manifest, a state file's size, renames of a finished snapshot directory.
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { DiskError, type GoldenImage } from "../domain/image.js"
+import { WARM_DIR, WARM_FILES } from "../domain/sessionLayout.js"
+import { WARM_MANIFEST_FORMAT } from "../domain/warm.js"
+import { errorMessage } from "../domain/errorMessage.js"
+import { createOverlay, qemuImgTool } from "../lib/rootDisk.js"
+import { VmmBackend } from "../services/VmmBackend.js"
+import { decodeWarmManifest, encodeWarmManifest, manifestMismatch, warmKey } from "../vmm/warmSnapshot.js"
+
+export type WarmChoice =
+  | {
+      readonly _tag: "Warm"
+      readonly dir: string
+      readonly state: string
+      readonly root: string
+      readonly built: boolean
+    }
+  | { readonly _tag: "Cold"; readonly reason: string }
+
+const cold = (reason: string): WarmChoice => ({ _tag: "Cold", reason })
+
+/** `ABOX_WARM=0` (or false) turns warm open off; on by default */
+export const warmEnabled = Config.boolean("ABOX_WARM").pipe(
+  Config.withDefault(true),
+  Effect.orElseSucceed(() => true)
+)
+
+/** `images/<name>/<digest>/warm`, beside the golden's root.raw */
+export const warmRoot = (image: Pick<GoldenImage, "rootDisk">): string =>
+  path.join(path.dirname(image.rootDisk), WARM_DIR)
+
+const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
+  Effect.tryPromise({
+    try: run,
+    catch: (cause) =>
+      new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}` })
+  })
+
+/**
+ * Makes the snapshot for `key` under a temporary directory, renamed into place whole (a
+ * concurrent Open that finished first wins; ours is dropped).
+ */
+const build = Effect.fn("warm.build")(function* (
+  image: GoldenImage,
+  key: string,
+  target: string,
+  inputs: Parameters<typeof warmKey>[0]
+) {
+  const vmm = yield* VmmBackend
+  const warm = vmm.warm!
+  const parent = path.dirname(target)
+  const work = path.join(parent, `.${crypto.randomBytes(6).toString("hex")}.building`)
+  yield* io(work, "mkdir", () => fs.mkdir(work, { recursive: true, mode: 0o700 }))
+  const cleanup = Effect.promise(() => fs.rm(work, { recursive: true, force: true }))
+  return yield* Effect.gen(function* () {
+    const root = path.join(work, WARM_FILES.root)
+    const state = path.join(work, WARM_FILES.state)
+    yield* createOverlay(yield* qemuImgTool, image.rootDisk, root)
+    yield* warm.build({
+      workDir: work,
+      kernel: image.kernel,
+      initrd: image.initrd,
+      rootDisk: root,
+      cpus: inputs.cpus,
+      memoryMiB: inputs.memoryMiB,
+      stateFile: state
+    })
+    const stat = yield* io(state, "stat", () => fs.stat(state))
+    yield* io(state, "chmod", () => fs.chmod(state, 0o600))
+    const manifest = path.join(work, WARM_FILES.manifest)
+    yield* io(manifest, "write", () =>
+      fs.writeFile(
+        manifest,
+        encodeWarmManifest({ format: WARM_MANIFEST_FORMAT, key, ...inputs, stateBytes: stat.size }),
+        { mode: 0o600 }
+      )
+    )
+    yield* Effect.promise(() =>
+      Promise.all(["rpc.sock", "qmp.sock"].map((file) => fs.rm(path.join(work, file), { force: true })))
+    )
+    yield* io(target, "rename", () => fs.rename(work, target)).pipe(
+      // another Open made the same snapshot meanwhile: keep theirs
+      Effect.catchAll((error) =>
+        Effect.promise(() =>
+          fs.access(path.join(target, WARM_FILES.manifest)).then(
+            () => true,
+            () => false
+          )
+        ).pipe(Effect.flatMap((present) => (present ? cleanup : Effect.fail(error))))
+      )
+    )
+  }).pipe(Effect.onError(() => cleanup))
+})
+
+/**
+ * The warm snapshot this Open can restore, made now if there is none yet; or why it boots cold
+ * (told at debug level by the caller). Never fails: every problem is a reason to boot.
+ */
+export const warmSnapshotFor = Effect.fn("warm.snapshotFor")(function* (
+  image: GoldenImage,
+  resources: { readonly cpus: number; readonly memoryMiB: number },
+  options: { readonly enabled?: boolean | undefined; readonly build?: boolean | undefined } = {}
+) {
+  const vmm = yield* VmmBackend
+  if (options.enabled === false || !(yield* warmEnabled)) return cold("warm open is off (ABOX_WARM)")
+  if (vmm.warm === undefined) return cold(`the ${vmm.name} backend cannot restore a VM's memory`)
+  const inputs = yield* Effect.either(vmm.warm.inputs({ digest: image.identity.digest }, resources))
+  if (Either.isLeft(inputs)) return cold(`no warm snapshot here: ${inputs.left.message}`)
+  const key = warmKey(inputs.right)
+  const dir = path.join(warmRoot(image), key)
+  const manifestFile = path.join(dir, WARM_FILES.manifest)
+  const state = path.join(dir, WARM_FILES.state)
+  const root = path.join(dir, WARM_FILES.root)
+  let text = yield* Effect.promise(() => fs.readFile(manifestFile, "utf8").catch(() => undefined))
+  let built = false
+  if (text === undefined) {
+    if (options.build === false) return cold(`image ${image.identity.name} has no warm snapshot for ${key}`)
+    const made = yield* Effect.either(build(image, key, dir, inputs.right))
+    if (Either.isLeft(made)) return cold(`the warm snapshot could not be made: ${made.left.message}`)
+    built = true
+    text = yield* Effect.promise(() => fs.readFile(manifestFile, "utf8").catch(() => undefined))
+  }
+  const manifest = decodeWarmManifest(text ?? "")
+  if (Either.isLeft(manifest)) return cold(`${manifestFile} does not decode (left as it is)`)
+  const mismatch = manifestMismatch(manifest.right, inputs.right)
+  if (mismatch !== undefined) return cold(`the warm snapshot in ${dir} cannot be used here: ${mismatch}`)
+  const size = yield* Effect.promise(() =>
+    fs.stat(state).then(
+      (s) => s.size,
+      () => -1
+    )
+  )
+  if (size !== manifest.right.stateBytes) {
+    return cold(
+      `the warm state ${state} is ${size < 0 ? "missing" : `${size} bytes, not ${manifest.right.stateBytes}`}`
+    )
+  }
+  return { _tag: "Warm", dir, state, root, built } satisfies WarmChoice
+})
+
+/**
+ * The warm snapshots an image has (`abox image list`): how many, and the bytes their files
+ * occupy (state, root overlay, manifest), unfinished builds included (they are the image's too).
+ */
+export const warmUsage = Effect.fn("warm.usage")(function* (image: Pick<GoldenImage, "rootDisk">) {
+  const dir = warmRoot(image)
+  return yield* Effect.promise(async () => {
+    const entries = await fs.readdir(dir).catch(() => [] as Array<string>)
+    let bytes = 0
+    let snapshots = 0
+    for (const entry of entries) {
+      const files = await fs.readdir(path.join(dir, entry)).catch(() => [] as Array<string>)
+      if (!entry.startsWith(".") && files.includes(WARM_FILES.manifest)) snapshots += 1
+      for (const file of files) {
+        bytes += await fs.stat(path.join(dir, entry, file)).then(
+          (s) => s.blocks * 512,
+          () => 0
+        )
+      }
+    }
+    return { snapshots, bytes }
+  })
+})
