@@ -21,6 +21,8 @@ import { WARM_MANIFEST_FORMAT } from "../domain/warm.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { createOverlay, qemuImgTool } from "../lib/rootDisk.js"
 import { VmmBackend } from "../services/VmmBackend.js"
+import { Images } from "../services/Images.js"
+import { VmmUnavailable } from "../domain/vm.js"
 import { decodeWarmManifest, encodeWarmManifest, manifestMismatch, warmKey } from "../vmm/warmSnapshot.js"
 
 export type WarmChoice =
@@ -176,4 +178,20 @@ export const warmUsage = Effect.fn("warm.usage")(function* (image: Pick<GoldenIm
     }
     return { snapshots, bytes }
   })
+})
+
+/**
+ * `abox image warm [ref]`: the image's warm snapshot for these resources made now (or found),
+ * so that no Open pays for it; VmmUnavailable with the reason where there can be none.
+ */
+export const warmImage = Effect.fn("warm.image")(function* (
+  ref: string | undefined,
+  resources: { readonly cpus: number; readonly memoryMiB: number }
+) {
+  const images = yield* Images
+  const vmm = yield* VmmBackend
+  const image = yield* images.resolve(ref)
+  const choice = yield* warmSnapshotFor(image, resources)
+  if (choice._tag === "Cold") return yield* new VmmUnavailable({ backend: vmm.name, message: choice.reason })
+  return { image, ...choice }
 })

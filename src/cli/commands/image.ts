@@ -16,6 +16,8 @@ import {
   imageRemove
 } from "../../programs/image.js"
 import { stepDisplay } from "../progress.js"
+import { warmImage } from "../../programs/warm.js"
+import { DEFAULT_CPUS, DEFAULT_MEMORY_MIB } from "../../programs/session.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { escapeControl } from "../../lib/text.js"
 
@@ -146,7 +148,37 @@ const rm = Command.make(
   )
 )
 
+const warm = Command.make(
+  "warm",
+  {
+    ref: notAnOption(Args.text({ name: "name[@digest]" })).pipe(
+      Args.withDescription("the image (default: the default image)"),
+      Args.optional
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const made = yield* warmImage(Option.getOrUndefined(args.ref), {
+          cpus: DEFAULT_CPUS,
+          memoryMiB: DEFAULT_MEMORY_MIB
+        })
+        const shown = escapeControl(`${made.image.identity.name}@${short(made.image.identity.digest)}`)
+        if (args.json) yield* printJson({ image: made.image.identity, dir: made.dir, made: made.built })
+        else
+          yield* Console.log(
+            `${shown}: warm snapshot ${made.built ? "made" : "already there"} (${escapeControl(made.dir)})`
+          )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "make the image's warm snapshot now (Open makes it lazily otherwise; ABOX_WARM=0 turns warm open off). Example: abox image warm"
+  )
+)
+
 export const image = Command.make("image").pipe(
-  Command.withDescription("golden images: build, list, rm"),
-  Command.withSubcommands([build, list, rm])
+  Command.withDescription("golden images: build, list, rm, warm"),
+  Command.withSubcommands([build, list, rm, warm])
 )
