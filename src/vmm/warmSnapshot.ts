@@ -32,13 +32,14 @@ export const warmKey = (inputs: WarmInputs): string =>
 
 /** why a manifest does not describe the snapshot these inputs need, or undefined when it does */
 export const manifestMismatch = (manifest: WarmManifest, inputs: WarmInputs): string | undefined => {
-  if (manifest.key !== warmKey(inputs)) return "its key is not the one of its contents"
   if (manifest.imageDigest !== inputs.imageDigest) return `it is of image ${manifest.imageDigest}`
   if (manifest.qemuVersion !== inputs.qemuVersion)
     return `it was saved by QEMU ${manifest.qemuVersion}, this is ${inputs.qemuVersion}`
   if (manifest.cpus !== inputs.cpus || manifest.memoryMiB !== inputs.memoryMiB)
     return `it has ${manifest.cpus} CPUs and ${manifest.memoryMiB} MiB, not ${inputs.cpus} and ${inputs.memoryMiB}`
   if (JSON.stringify(manifest.layout) !== JSON.stringify(inputs.layout)) return "its VM layout differs"
+  // the fields agree: a key that does not is a manifest edited or moved under another key
+  if (manifest.key !== warmKey(inputs)) return "its key is not the one of its contents"
   return undefined
 }
 
