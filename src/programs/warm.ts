@@ -73,7 +73,10 @@ const build = Effect.fn("warm.build")(function* (
   return yield* Effect.gen(function* () {
     const root = path.join(work, WARM_FILES.root)
     const state = path.join(work, WARM_FILES.state)
-    yield* createOverlay(yield* qemuImgTool, image.rootDisk, root)
+    // the backing file by its real path: every session's copy of this overlay names it, whatever
+    // home (or symlink to an images directory) made the snapshot
+    const golden = yield* io(image.rootDisk, "realpath", () => fs.realpath(image.rootDisk))
+    yield* createOverlay(yield* qemuImgTool, golden, root)
     yield* warm.build({
       workDir: work,
       kernel: image.kernel,
