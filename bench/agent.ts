@@ -7,6 +7,8 @@
  * - agentToolRoundTrip: from the end of the mock's answer asking for `shell {command: "true"}` to
  *   the next request (tool result included) arriving vs spawning `true` as the tool user
  *   (goal: ≤ 1.5×)
+ * - agentFileToolRoundTrip: the same for `read_file {path: "README.md"}` (done by the owner's
+ *   file-operation child, started by the session's first file tool), against the same floor
  */
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
@@ -34,6 +36,9 @@ interface Measured {
   readonly cold: number
   readonly firstRequest: ReadonlyArray<number>
   readonly toolRoundTrip: ReadonlyArray<number>
+  readonly fileToolRoundTrip: ReadonlyArray<number>
+  /** the session's first file tool (its child starts) */
+  readonly fileToolCold: number
   /** TLS connections the mock accepted for the session's requests (reuse shows as fewer) */
   readonly connections: number
   readonly requests: number
@@ -63,6 +68,8 @@ const measureSession = async (ctx: BenchContext, mock: ModelMock): Promise<Measu
   )
   const firstRequest: Array<number> = []
   const toolRoundTrip: Array<number> = []
+  const fileToolRoundTrip: Array<number> = []
+  let fileToolCold = 0
   let cold = 0
   const before = mock.connections()
   const requestsBefore = mock.requests.length
@@ -80,6 +87,13 @@ const measureSession = async (ctx: BenchContext, mock: ModelMock): Promise<Measu
           })
         const first = yield* prompt([{ kind: "text", chunks: ["ok"] }])
         cold = first.requests[0]!.arrivedAt - first.started
+        const readFile = () =>
+          prompt([
+            { kind: "tools", calls: [{ name: "read_file", input: { path: "README.md" } }] },
+            { kind: "text", chunks: ["ok"] }
+          ])
+        const firstRead = yield* readFile()
+        fileToolCold = firstRead.requests[1]!.arrivedAt - firstRead.requests[0]!.endedAt!
         for (let i = 0; i < ctx.runs; i++) {
           const turn = yield* prompt([{ kind: "text", chunks: ["ok"] }])
           firstRequest.push(turn.requests[0]!.arrivedAt - turn.started)
@@ -88,6 +102,8 @@ const measureSession = async (ctx: BenchContext, mock: ModelMock): Promise<Measu
             { kind: "text", chunks: ["ok"] }
           ])
           toolRoundTrip.push(tool.requests[1]!.arrivedAt - tool.requests[0]!.endedAt!)
+          const read = yield* readFile()
+          fileToolRoundTrip.push(read.requests[1]!.arrivedAt - read.requests[0]!.endedAt!)
         }
       })
     ).pipe(Effect.provide(layer))
@@ -96,6 +112,8 @@ const measureSession = async (ctx: BenchContext, mock: ModelMock): Promise<Measu
     cold,
     firstRequest,
     toolRoundTrip,
+    fileToolRoundTrip,
+    fileToolCold,
     connections: mock.connections() - before,
     requests: mock.requests.length - requestsBefore
   }
@@ -195,5 +213,21 @@ export const agentToolRoundTrip = async (ctx: BenchContext): Promise<Figure> => 
     runs: ctx.runs,
     goal: 1.5,
     note: "answer asking for shell `true` ends → next request (with the result) arrives, vs spawning `true` as the tool user"
+  }
+}
+
+export const agentFileToolRoundTrip = async (ctx: BenchContext): Promise<Figure> => {
+  const { session } = await measure(ctx)
+  const floor = await spawnTrue(ctx)
+  const medianMs = median(session.fileToolRoundTrip)
+  const floorMs = median(floor)
+  return {
+    ratio: round(medianMs / floorMs),
+    medianMs: round(medianMs),
+    floorMs: round(floorMs),
+    runs: ctx.runs,
+    note:
+      "answer asking for read_file README.md ends → next request (with the result) arrives, vs spawning `true` as the tool user; " +
+      `the session's first file tool (its owner child starts): ${round(session.fileToolCold)} ms`
   }
 }

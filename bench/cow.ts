@@ -187,7 +187,12 @@ const withVm = <A>(
 
 const overlayDir = async (ctx: BenchContext, name: string, golden: GoldenImage): Promise<string> => {
   const dir = fs.mkdtempSync(path.join(ctx.tmp, `${name}-`))
-  await Effect.runPromise(createOverlay("qemu-img", golden.rootDisk, path.join(dir, "root.qcow2")))
+  await Effect.runPromise(
+    createOverlay("qemu-img", golden.rootDisk, path.join(dir, "root.qcow2")).pipe(
+      Effect.provide(NodeCommandExecutor.layer),
+      Effect.provide(NodeFileSystem.layer)
+    )
+  )
   return dir
 }
 

@@ -5,8 +5,9 @@
  * and one line in `figures` below.
  */
 import * as fs from "node:fs"
-import { agentFirstRequest, agentToolRoundTrip } from "./agent.js"
+import { agentFileToolRoundTrip, agentFirstRequest, agentToolRoundTrip } from "./agent.js"
 import { detachedExec } from "./detached.js"
+import { envBuild, envDisk, envOpen } from "./environment.js"
 import { brokerDownload, brokerDownloadPassthrough, brokerRequests } from "./broker.js"
 import { brokerLogBurst } from "./brokerLog.js"
 import { type BenchContext, type Figure, tempRoot } from "./lib.js"
@@ -14,6 +15,7 @@ import { lifecycleRss, lifecycleRun, lifecycleTurn, transferTree50MB } from "./l
 import { listEmptyVsNode, listVsFloor } from "./list.js"
 import { muxRoundTrip, transfer50MB, turnRoundTrip } from "./protocol.js"
 import { repoOpen200MB, repoOpenNodeModules, repoOpenTinyFiles } from "./repo.js"
+import { imageImport } from "./imageImport.js"
 import { scrubOverhead } from "./scrub.js"
 import { turnOutputStream } from "./turnOutput.js"
 import { vmmOpenToHello, vmmRss } from "./vmm.js"
@@ -47,8 +49,13 @@ const figures: ReadonlyArray<readonly [string, (ctx: BenchContext) => Promise<Fi
   ["repoOpen200MB", repoOpen200MB],
   ["agentFirstRequest", agentFirstRequest],
   ["agentToolRoundTrip", agentToolRoundTrip],
+  ["agentFileToolRoundTrip", agentFileToolRoundTrip],
   ["detachedExec", detachedExec],
-  ["turnOutputStream", turnOutputStream]
+  ["turnOutputStream", turnOutputStream],
+  ["imageImport", imageImport],
+  ["envBuild", envBuild],
+  ["envDisk", envDisk],
+  ["envOpen", envOpen]
 ]
 
 const only = process.argv.slice(2)

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-packages=(qemu-system-x86 qemu-utils busybox-static e2fsprogs cpio curl ca-certificates nix-bin eatmydata debootstrap bsdutils)
+packages=(qemu-system-x86 qemu-utils zstd busybox-static e2fsprogs cpio curl ca-certificates nix-bin eatmydata debootstrap bsdutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

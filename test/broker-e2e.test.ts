@@ -11,6 +11,7 @@ import * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
 import { execFile } from "node:child_process"
 import * as crypto from "node:crypto"
+import * as net from "node:net"
 import * as path from "node:path"
 import type { Duplex } from "node:stream"
 import * as tls from "node:tls"
@@ -634,6 +635,57 @@ describe("HttpsBroker attacks: each denied and logged, none reaches a dial", () 
             "not-tls",
             undefined
           ])
+        })
+      )
+  )
+
+  it.live(
+    "a pass-through upstream that resets before the guest's ClientHello ends that tunnel only (no crash of the host)",
+    () =>
+      scoped(
+        Effect.gen(function* () {
+          // an upstream that accepts, then resets the connection a moment later
+          const resetting = yield* Effect.acquireRelease(
+            Effect.promise(
+              () =>
+                new Promise<net.Server>((resolve) => {
+                  const server = net.createServer((socket) => {
+                    setTimeout(() => socket.resetAndDestroy(), 150)
+                  })
+                  server.listen(0, "127.0.0.1", () => resolve(server))
+                })
+            ),
+            (server) => Effect.promise(() => new Promise<void>((resolve) => server.close(() => resolve())))
+          )
+          const resetPort = (resetting.address() as net.AddressInfo).port
+          const env = yield* setup({
+            policy: (port) => ({
+              format: 1,
+              allow: [{ host: NAME, ports: [port, resetPort] }],
+              resolve: { [NAME]: "127.0.0.1" }
+            })
+          })
+          const opened = yield* Effect.promise(() =>
+            connectThroughProxy(env.proxy.port, `${NAME}:${resetPort}`)
+          )
+          expect(opened.ok).toBe(true)
+          if (!opened.ok) return
+          // the reset reaches the broker while it waits for the ClientHello: that tunnel is closed
+          // as the upstream's doing (before, the reset was an uncaught error of the host process)
+          const closes = yield* env.logEntries.pipe(
+            Effect.map((entries) => entries.filter((e) => e.event === "close").map((e) => e.reason)),
+            Effect.filterOrFail((reasons) => reasons.length > 0),
+            Effect.retry(Schedule.spaced("50 millis")),
+            Effect.timeout("10 seconds")
+          )
+          expect(closes).toEqual(["upstream-closed"])
+          opened.socket.destroy()
+          // the broker goes on serving the session's other tunnels
+          const again = yield* Effect.promise(() =>
+            connectThroughProxy(env.proxy.port, `${NAME}:${env.upstream.port}`)
+          ).pipe(Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error("step: again") }))
+          expect(again.ok).toBe(true)
+          if (again.ok) again.socket.destroy()
         })
       )
   )

@@ -44,6 +44,9 @@ describe("a command line that names a light subcommand", () => {
     process.env["ABOX_HOME"] = home
     try {
       expect(lightCommands).toContain("list")
+      // `abox --version` runs on the light CLI too: the same line
+      const version = ["node", "abox", "--version"]
+      expect(await capture(await loadCli(version), version)).toEqual(await capture(fullCli, version))
       for (const name of lightCommands) {
         for (const args of [["--help"], ["--bogus"], ["--json", "--bogus"]]) {
           const argv = ["node", "abox", name, ...args]

@@ -3,8 +3,9 @@
  * Open makes the image's warm snapshot (the golden booted with its agent waiting, saved), every
  * Open restores it and hands the session over the protocol; each warm session draws different
  * random bytes; the state file holds no credential or session data (planted canaries); a state
- * file that does not load makes Open boot instead and say why at debug level; a warm session
- * resumes by a cold boot with its files.
+ * file that does not load makes Open boot instead and say why at debug level; the repository
+ * disk is hot-plugged after the restore, and what a turn wrote after a warm open (repository
+ * disk, root overlay) is there after a stop and a cold resume.
  */
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
@@ -129,6 +130,13 @@ describe.skipIf(skip !== undefined)("warm open in real VMs", () => {
         const console2 = fs.readFileSync(path.join(second.session.dir, "console.log"), "utf8")
         expect(console2).toContain("session handed over")
         expect(console2).not.toContain("abox-init: started")
+        // the repository came as the session's own disk, hot-plugged after the restore (no tar)
+        expect(second.session.hello.repoDisk).toBe(true)
+        // a turn's writes after a warm open: into the session's repository disk and root overlay
+        yield* runTurn(
+          second.session.connection,
+          `echo kept-repo > /work/repo/after-warm.txt && echo kept-root > /home/agent/after-warm && sync`
+        )
 
         const [random1, readme1] = firstOut.split("\n")
         const [random2, readme2] = secondOut.split("\n")
@@ -163,8 +171,12 @@ describe.skipIf(skip !== undefined)("warm open in real VMs", () => {
 
         // a warm session's resume boots cold from its disks, its files there
         const resumed = yield* resume("warm-b", { helloTimeout: "90 seconds" })
-        const again = yield* runTurn(resumed.connection, "cat /work/repo/README.md")
-        expect(again).toBe(`# warm ${repoCanary}\n`)
+        const again = yield* runTurn(
+          resumed.connection,
+          "cat /work/repo/README.md /work/repo/after-warm.txt /home/agent/after-warm"
+        )
+        expect(again).toBe(`# warm ${repoCanary}\nkept-repo\nkept-root\n`)
+        expect(resumed.hello.repoDisk).toBe(true)
       }).pipe(
         Effect.scoped,
         Effect.provide(layerFor(home)),

@@ -68,6 +68,24 @@ describe("guest tar extraction", () => {
     expect(fs.readFileSync(path.join(box.outside, "secret"), "utf8")).toBe("original\n")
   })
 
+  it("refuses a sender that goes on past the archive's end; a record's padding is taken", async () => {
+    const padded = sandbox()
+    const archive = fakeTar([{ path: "a.txt", data: "a\n" }])
+    await extractTar(chunked(Buffer.concat([archive, Buffer.alloc(10240)])), padded.repo)
+    expect(fs.readFileSync(path.join(padded.repo, "a.txt"), "utf8")).toBe("a\n")
+    const endless = sandbox()
+    async function* forever(): AsyncGenerator<Uint8Array> {
+      yield archive
+      for (;;) yield Buffer.alloc(64 * 1024)
+    }
+    const error = await extractTar(forever(), endless.repo).then(
+      () => undefined,
+      (e: unknown) => e
+    )
+    expect(error).toBeInstanceOf(ExtractError)
+    expect((error as ExtractError).reason).toMatch(/after the archive's end/)
+  })
+
   it("refuses absolute paths", () => expectRefused([{ path: "/tmp/abox-evil", data: "x" }], /absolute/))
 
   it("refuses '..' anywhere in a path", async () => {

@@ -15,6 +15,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { spawn, spawnSync } from "node:child_process"
 import { ReadLedger } from "../src/guest/model/fileText.js"
+import { killAllFileOps } from "../src/guest/model/ownerFiles.js"
 import { makeHandlers } from "../src/guest/model/tools.js"
 import type { TurnUser } from "../src/guest/user.js"
 import { alive, processesMentioning } from "./support/processes.js"
@@ -25,6 +26,8 @@ const owner: TurnUser | undefined = isRoot ? { name: "nobody", uid: 65534, gid: 
 /** the test's temporary directories, removed after it (rm(1) does not follow links) */
 const made: Array<string> = []
 afterEach(() => {
+  // each test's handlers keep their owner child; it ends with the test (a turn ends it in the agent)
+  killAllFileOps()
   for (const dir of made.splice(0)) spawnSync("rm", ["-rf", dir])
 })
 
@@ -61,6 +64,15 @@ const bounded = <A, E>(effect: Effect.Effect<A, E>) =>
   effect.pipe(
     Effect.timeoutFail({ duration: "10 seconds", onTimeout: () => new Error("the tool call hung") })
   )
+
+/** a child working in `dir` (other tests' children are elsewhere) */
+const ownedByThisTest = (pid: number, dir: string): boolean => {
+  try {
+    return fs.readlinkSync(`/proc/${pid}/cwd`) === fs.realpathSync(dir)
+  } catch {
+    return false
+  }
+}
 
 /** the child's command line holds its source; this phrase is in it */
 const CHILD_MARK = "only regular files are read or written"
@@ -165,7 +177,7 @@ describe("file tools on special files", () => {
       )
       let child: number | undefined
       for (let i = 0; i < 2000 && child === undefined; i++) {
-        child = processesMentioning(CHILD_MARK)[0]
+        child = processesMentioning(CHILD_MARK).find((pid) => ownedByThisTest(pid, dir))
         if (child === undefined) yield* Effect.sleep("2 millis")
       }
       expect(child, "a child does the file operation").toBeDefined()
@@ -185,6 +197,95 @@ describe("file tools on special files", () => {
       expect(fs.readFileSync(path.join(dir, "a.txt"), "utf8")).toBe("one\n2\n")
       expect(fs.existsSync(marker)).toBe(false)
     })
+  )
+})
+
+describe("the owner's child", () => {
+  it.live(
+    "one child serves the file operations that follow, as the owner; a cancel ends it and the next call starts another",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const h = handlersFor(dir)
+        const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
+        expect((yield* h.read_file({ path: "a.txt" })).output).toBe("1\tone\n2\ttwo")
+        const first = mine()
+        expect(first, "the child stays after its operation").toHaveLength(1)
+        expect((yield* h.write_file({ path: "b.txt", content: "b\n" })).isError).toBe(false)
+        expect((yield* h.edit_file({ path: "b.txt", old_string: "b", new_string: "c" })).isError).toBe(false)
+        expect((yield* h.read_file({ path: "b.txt" })).output).toBe("1\tc")
+        expect(mine(), "the same child did every operation").toEqual(first)
+        if (owner !== undefined) {
+          const status = fs.readFileSync(`/proc/${first[0]}/status`, "utf8")
+          expect(status).toMatch(new RegExp(`^Uid:\\s+${owner.uid}\\s+${owner.uid}\\s`, "m"))
+          expect(fs.readFileSync(`/proc/${first[0]}/environ`, "utf8")).toBe("")
+        }
+        // a cancel in the middle of an operation: the child goes, the next operation has a new one
+        process.kill(first[0]!, "SIGSTOP")
+        const fiber = yield* Effect.fork(h.read_file({ path: "a.txt" }))
+        yield* Effect.sleep("100 millis")
+        yield* bounded(Fiber.interrupt(fiber))
+        for (let i = 0; i < 100 && alive(first[0]!); i++) yield* Effect.sleep("20 millis")
+        expect(alive(first[0]!)).toBe(false)
+        expect((yield* bounded(h.read_file({ path: "b.txt" }))).output).toBe("1\tc")
+        const second = mine()
+        expect(second).toHaveLength(1)
+        expect(second).not.toEqual(first)
+        killAllFileOps()
+        for (let i = 0; i < 100 && alive(second[0]!); i++) yield* Effect.sleep("20 millis")
+        expect(alive(second[0]!), "the last-resort kill ends the child").toBe(false)
+      })
+  )
+})
+
+describe("the owner's child in an imported image", () => {
+  it.live("starts through the node that ABOX_NODE names (there, process.execPath is abox's loader)", () =>
+    Effect.gen(function* () {
+      const dir = repo()
+      const bin = fs.mkdtempSync(path.join(os.tmpdir(), "abox-owner-node-"))
+      made.push(bin)
+      fs.chmodSync(bin, 0o777)
+      const wrapper = path.join(bin, "node")
+      fs.writeFileSync(wrapper, `#!/bin/sh\necho used > ${bin}/used\nexec ${process.execPath} "$@"\n`, {
+        mode: 0o755
+      })
+      const before = process.env.ABOX_NODE
+      process.env.ABOX_NODE = wrapper
+      try {
+        const h = handlersFor(dir)
+        expect((yield* bounded(h.read_file({ path: "a.txt" }))).output).toBe("1\tone\n2\ttwo")
+      } finally {
+        if (before === undefined) delete process.env.ABOX_NODE
+        else process.env.ABOX_NODE = before
+      }
+      expect(fs.existsSync(path.join(bin, "used")), "the wrapper started the child").toBe(true)
+    })
+  )
+})
+
+describe("the owner's child, written to by the owner", () => {
+  it.live(
+    "a reply the owner forges into its idle child's stdout cannot be written (a socket, not a pipe); the next call reads the file",
+    () =>
+      Effect.gen(function* () {
+        const dir = repo()
+        const h = handlersFor(dir)
+        const mine = () => processesMentioning(CHILD_MARK).filter((pid) => ownedByThisTest(pid, dir))
+        expect((yield* h.read_file({ path: "a.txt" })).isError).toBe(false)
+        const [idle] = mine()
+        expect(idle).toBeDefined()
+        // the owner may open its own processes' descriptors through /proc: not a socket's
+        const forged = spawnSync(
+          "/bin/sh",
+          ["-c", `printf '{"id":2,"ok":true,"data":"Zm9yZ2Vk"}\\n' > /proc/${idle}/fd/1`],
+          owner === undefined ? {} : { uid: owner.uid, gid: owner.gid }
+        )
+        expect(forged.status).not.toBe(0)
+        expect(forged.stderr.toString()).toContain("No such device or address")
+        const next = yield* bounded(h.read_file({ path: "a.txt" }))
+        expect(next.output).toBe("1\tone\n2\ttwo")
+        expect(mine()).toEqual([idle])
+      })
   )
 })
 

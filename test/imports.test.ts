@@ -67,6 +67,16 @@ const EXCEPTIONS: ReadonlyArray<{ readonly from: string; readonly to: string; re
     why: "the tar reader with the guest's path rules: the host reads the guest's archives with the same code"
   },
   {
+    from: "lib/oci/rootfs.ts",
+    to: "guest/extract.ts",
+    why: "an OCI image's layers are applied by the same checked tar reader (its layer mode)"
+  },
+  {
+    from: "programs/imageImport.ts",
+    to: "guest/extract.ts",
+    why: "an image archive is unpacked by the same checked tar reader"
+  },
+  {
     from: "programs/repo.ts",
     to: "guest/extract.ts",
     why: "the same path rules for `abox cp` destinations"

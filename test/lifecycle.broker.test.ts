@@ -14,16 +14,12 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
-import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
 import { httpsBrokerLayer } from "../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import type { BrokerPolicy } from "../src/broker/policy.js"
 import { open, resume } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import type { TurnEvent } from "../src/services/GuestRpc.js"
 import { startUpstream } from "./support/brokerHarness.js"
+import { fakeLifecycle } from "./support/fakeLifecycle.js"
 
 const hasCurl = (() => {
   try {
@@ -74,14 +70,7 @@ describe.skipIf(!hasCurl)("the broker through a session (FakeVmm, curl in a turn
           return argv
         }
       }).pipe(Layer.provide(NodeFileSystem.layer))
-      const layer = Layer.mergeAll(
-        SessionStoreLive,
-        RuntimeLockLive,
-        GuestRpcLive,
-        httpsBrokerLayer({ extraUpstreamCa: [upstream.caPem] }),
-        vmm,
-        FakeImages
-      ).pipe(Layer.provideMerge(aboxPathsAt(home)), Layer.provideMerge(NodeFileSystem.layer))
+      const layer = fakeLifecycle(home, { vmm, broker: httpsBrokerLayer({ extraUpstreamCa: [upstream.caPem] }) })
 
       const url = `https://api.test.local:${upstream.port}/hello`
       const curl = `curl -sS --max-time 20 -H "x-api-key: $ABOX_TEST_CANARY_KEY" ${url}`

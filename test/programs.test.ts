@@ -15,22 +15,13 @@ import * as os from "node:os"
 import * as path from "node:path"
 import * as FakeVmm from "../src/layers/FakeVmm.js"
 import { fileChecksums } from "./cliHelpers.js"
-import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { HttpsBrokerLive } from "../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { open, resume, type Phase } from "../src/programs/session.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { SessionStore } from "../src/services/SessionStore.js"
+import { fakeLifecycle } from "./support/fakeLifecycle.js"
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
-const layerFor = (home: string, vmm = FakeVmm.layer) =>
-  Layer.mergeAll(SessionStoreLive, RuntimeLockLive, GuestRpcLive, HttpsBrokerLive, vmm, FakeImages).pipe(
-    Layer.provideMerge(aboxPathsAt(home)),
-    Layer.provideMerge(NodeFileSystem.layer)
-  )
+const layerFor = (home: string, vmm = FakeVmm.layer) => fakeLifecycle(home, { vmm })
 
 const sourceTree = () => {
   const source = tempDir("abox-src-")
@@ -98,6 +89,26 @@ describe("open → turn → close → resume (FakeVmm)", () => {
       )
       expect((yield* store.readGuestConfig(id)).model).toBe("other")
       expect((yield* store.get(id)).model).toBe("other")
+    }).pipe(Effect.provide(layerFor(home)))
+  })
+
+  it.live("the environment's env reaches turns, and stays the session's on resume", () => {
+    const home = tempDir("abox-home-")
+    const source = sourceTree()
+    return Effect.gen(function* () {
+      const id = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const session = yield* open({ source, env: { GREETING: "hello-env" } })
+          expect(stdoutOf(yield* collect(session.turn("echo \"G=$GREETING\"")))).toBe("G=hello-env\n")
+          return session.id
+        })
+      )
+      yield* Effect.scoped(
+        Effect.gen(function* () {
+          const session = yield* resume(id)
+          expect(stdoutOf(yield* collect(session.turn("echo \"G=$GREETING\"")))).toBe("G=hello-env\n")
+        })
+      )
     }).pipe(Effect.provide(layerFor(home)))
   })
 

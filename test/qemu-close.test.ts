@@ -14,6 +14,9 @@ import type { VmSpec } from "../src/domain/vm.js"
 import { bootSession, ensureTestImage, processesMentioning, vmLayer, vmSkipReason } from "./e2e-vm-image.js"
 import { alive } from "./support/processes.js"
 
+/** QemuVmm's processes (the KVM probe) run through Command */
+const Executor = NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))
+
 const skip = vmSkipReason()
 const hasQemu =
   fs.existsSync("/usr/bin/qemu-system-x86_64") || fs.existsSync("/usr/local/bin/qemu-system-x86_64")
@@ -76,7 +79,7 @@ describe.skipIf(!hasQemu)("Close: the bounded path with stand-in helpers (real p
       expect(outcome.consoleTail).toEqual(["boot line", "last words"])
       expect(alive(handle.vmmPid)).toBe(false)
       expect(alive(handle.helperPid)).toBe(false)
-    }).pipe(Effect.provide(NodeCommandExecutor.layer.pipe(Layer.provide(NodeFileSystem.layer))))
+    }).pipe(Effect.provide(Executor))
   )
 
   it.live("a helper that ignores SIGTERM is SIGKILLed with its VMM and reaped", () =>
@@ -96,7 +99,7 @@ describe.skipIf(!hasQemu)("Close: the bounded path with stand-in helpers (real p
       expect(Date.now() - started).toBeLessThan(3000)
       expect(alive(handle.vmmPid)).toBe(false)
       expect(alive(handle.helperPid)).toBe(false)
-    })
+      }).pipe(Effect.provide(Executor))
   )
 })
 
@@ -159,6 +162,6 @@ describe.skipIf(!hasQemu)("the automatic accelerator choice", () => {
       fs.writeFileSync(accelCache, JSON.stringify({ ...first, key: "another-boot" }))
       yield* startOnce
       expect(JSON.parse(fs.readFileSync(accelCache, "utf8"))).toEqual(first)
-    })
+      }).pipe(Effect.provide(Executor))
   )
 })

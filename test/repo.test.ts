@@ -3,37 +3,21 @@
  * agent as a host process (tar path: the snapshot streamed in, the baseline copied beside it),
  * the real protocol's export channel, host git.
  */
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as Stream from "effect/Stream"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import * as FakeVmm from "../src/layers/FakeVmm.js"
-import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { HttpsBrokerLive } from "../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { extractUntrusted } from "../src/lib/hostExtract.js"
 import * as Repo from "../src/programs/repo.js"
 import { open, type TransferProgress } from "../src/programs/session.js"
 import { progressLine } from "../src/cli/progress.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { AGENT_TURN, applyToCopy, manifest, sourceRepo, withoutEmptyDirs } from "./support/trees.js"
 import { exportMatrix, matrixSource, sparseMatrix } from "./support/exportMatrix.js"
+import { fakeLifecycle } from "./support/fakeLifecycle.js"
 
-const layerFor = (home: string) =>
-  Layer.mergeAll(
-    SessionStoreLive,
-    RuntimeLockLive,
-    GuestRpcLive,
-    HttpsBrokerLive,
-    FakeVmm.layer,
-    FakeImages
-  ).pipe(Layer.provideMerge(aboxPathsAt(home)), Layer.provideMerge(NodeFileSystem.layer))
+const layerFor = (home: string) => fakeLifecycle(home)
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 

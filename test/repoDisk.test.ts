@@ -4,13 +4,14 @@
  * repository user, holes kept, special files gone, no lost+found. No VM here (the VM test,
  * test/e2e-repo-vm.test.ts, boots one with these disks).
  */
-import { describe, expect, it } from "@effect/vitest"
+import * as NodeContext from "@effect/platform-node/NodeContext"
+import { describe, expect, it, layer } from "@effect/vitest"
 import * as Effect from "effect/Effect"
 import { execFileSync, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { buildRepoDisks, repoDiskTools, usedInodes } from "../src/lib/repoDisk.js"
+import { buildRepoDisks, repoDiskTools, runTool, usedInodes } from "../src/lib/repoDisk.js"
 import { resolveSource, scanSource } from "../src/lib/snapshot.js"
 
 const GiB = 1024 * 1024 * 1024
@@ -97,7 +98,8 @@ describe("the source", () => {
   )
 })
 
-describe("repository disks", () => {
+// the host tools run through @effect/platform's Command: one NodeContext for the whole block
+layer(NodeContext.layer)("repository disks", (it) => {
   it("usedInodes reads dumpe2fs's free ranges", () => {
     const text = "Inode count:              32\nGroup 0:\n  Free inodes: 14-16, 20-32\n"
     expect(usedInodes(text)).toEqual([11, 12, 13, 17, 18, 19])
@@ -167,5 +169,34 @@ describe("repository disks", () => {
       expect(error.message).toMatch(/needs \d+ MiB/)
       expect(fs.readdirSync(session)).toEqual([])
     })
+  )
+
+  it.effect(
+    "a host tool that cannot start, or exits non-zero: DiskError (tool) with the cause or its stderr",
+    () =>
+      Effect.gen(function* () {
+        const missing = yield* Effect.flip(runTool("/some/disk", "/nonexistent/abox-no-such-tool", ["-x"]))
+        expect(missing).toMatchObject({ _tag: "DiskError", reason: "tool", path: "/some/disk" })
+        expect(missing.message).toContain("/nonexistent/abox-no-such-tool")
+        // the tool's start failure itself, not a string of it
+        expect(missing.cause).toMatchObject({
+          _tag: "CommandNotRun",
+          command: "/nonexistent/abox-no-such-tool"
+        })
+        const failed = yield* Effect.flip(
+          runTool("/some/disk", "/bin/sh", ["-c", "echo bad input >&2; exit 3"])
+        )
+        expect(failed.message).toBe("sh exited 3: bad input")
+        // stdin is what the caller gives, stdout what the tool wrote; the environment is abox's minimal one
+        process.env.ABOX_TEST_LEAK = "inherited"
+        const echoed = yield* runTool(
+          "/some/disk",
+          "/bin/sh",
+          ["-c", 'cat; echo "[$ABOX_TEST_LEAK]"'],
+          "in\n"
+        )
+        delete process.env.ABOX_TEST_LEAK
+        expect(echoed).toBe("in\n[]\n")
+      })
   )
 })

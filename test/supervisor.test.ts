@@ -4,13 +4,11 @@
  * (replay, one typist), a client that goes away mid-turn, cancel, timeout, stop, the idle
  * timeout (TestClock), a stale control socket.
  */
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import { describe, expect, it } from "@effect/vitest"
 import * as Chunk from "effect/Chunk"
 import * as Deferred from "effect/Deferred"
 import * as Effect from "effect/Effect"
 import * as Fiber from "effect/Fiber"
-import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
 import * as TestClock from "effect/TestClock"
@@ -19,12 +17,6 @@ import * as fs from "node:fs"
 import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
-import * as FakeVmm from "../src/layers/FakeVmm.js"
-import { GuestRpcLive } from "../src/layers/guestRpc/index.js"
-import { HttpsBrokerLive } from "../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import {
   type ControlReply,
   type ControlRequest,
@@ -35,20 +27,12 @@ import { connect, forward, remoteRepo, status, statusIfRunning, stop } from "../
 import { open, resume } from "../src/programs/session.js"
 import { supervise } from "../src/programs/supervisor.js"
 import { controlSocketPath } from "../src/lib/socketPath.js"
-import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { processesMentioning } from "./support/processes.js"
+import { fakeLifecycle } from "./support/fakeLifecycle.js"
 
 const tempDir = (prefix: string) => fs.mkdtempSync(path.join(os.tmpdir(), prefix))
 
-const layerFor = (home: string) =>
-  Layer.mergeAll(
-    SessionStoreLive,
-    RuntimeLockLive,
-    GuestRpcLive,
-    HttpsBrokerLive,
-    FakeVmm.layer,
-    FakeImages
-  ).pipe(Layer.provideMerge(aboxPathsAt(home)), Layer.provideMerge(NodeFileSystem.layer))
+const layerFor = (home: string) => fakeLifecycle(home)
 
 const source = () => {
   const dir = tempDir("abox-src-")

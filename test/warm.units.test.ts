@@ -1,12 +1,13 @@
 /**
- * Warm snapshots without a VM: the warm argv layout (no config or repository disk, the guest told
- * to wait, the state restored by -incoming through a shell-quoted path), and what makes a saved
- * state unusable (its manifest against this host's inputs).
+ * Warm snapshots without a VM: the warm argv layout (no config disk, no repository disk at start
+ * but two free hot-plug slots, the guest told to wait), one layout digest for the snapshot's boot
+ * and a session's restore, and a key per (image, QEMU, layout, memory, CPUs).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { buildQemuArgv, type QemuArgvInput } from "../src/vmm/argv.js"
-import { manifestMismatch, warmKey } from "../src/vmm/warmSnapshot.js"
-import { WARM_MANIFEST_FORMAT, type WarmInputs, type WarmManifest } from "../src/domain/warm.js"
+import { buildQemuArgv, type QemuArgvInput, WARM_HOTPLUG_PORTS } from "../src/vmm/argv.js"
+import { layoutDigest } from "../src/vmm/migration.js"
+import { warmKey } from "../src/programs/warm.js"
+import type { WarmInputs } from "../src/domain/warm.js"
 
 const input: QemuArgvInput = {
   arch: "x86_64",
@@ -24,48 +25,45 @@ const input: QemuArgvInput = {
 }
 
 describe("warm snapshot layout", () => {
-  it("the warm argv has no config or repository disk, tells the guest to wait, restores through a quoted path", () => {
+  it("the warm argv has no config or repository disk but their hot-plug slots, and tells the guest to wait", () => {
     const cold = buildQemuArgv(input)
     expect(cold.join(" ")).toContain("config.raw")
-    expect(cold).not.toContain("-incoming")
-    const warm = buildQemuArgv({ ...input, warm: { incoming: "/h/it's state" } })
+    expect(cold.join(" ")).not.toContain("pcie-root-port")
+    const warm = buildQemuArgv({ ...input, warm: true })
     const text = warm.join(" ")
     expect(text).not.toContain("config.raw")
     expect(text).not.toContain("repo.qcow2")
     expect(warm[warm.indexOf("-append") + 1]).toContain("abox.session=wait")
-    expect(warm.slice(-2)).toEqual(["-incoming", `exec:cat '/h/it'\\''s state'`])
-    // the snapshot's boot and its restores differ only by -incoming
-    expect(buildQemuArgv({ ...input, warm: {} })).toEqual(warm.slice(0, -2))
+    for (const port of Object.values(WARM_HOTPLUG_PORTS)) expect(text).toContain(`pcie-root-port,id=${port},`)
+    // a restore is the same argv, paused for its state
+    const restore = buildQemuArgv({ ...input, warm: true, incoming: true, machine: "pc-q35-7.2" })
+    expect(restore.slice(-2)).toEqual(["-incoming", "defer"])
   })
 
-  it("a manifest of another QEMU, memory, CPUs, layout or image is refused with the reason", () => {
+  it("the snapshot's boot (no repository disks) and a session's restore (with them) have one layout digest", () => {
+    const { repoDisks: _none, ...bare } = input
+    const snapshot = layoutDigest({ ...bare, warm: true, machine: "pc-q35-7.2" })
+    expect(layoutDigest({ ...input, warm: true, machine: "pc-q35-7.2" })).toBe(snapshot)
+    // a cold boot's layout is another: its state never restores into a warm VM, nor the reverse
+    expect(layoutDigest({ ...input, machine: "pc-q35-7.2" })).not.toBe(snapshot)
+  })
+
+  it("another QEMU, memory, CPUs, layout or image is another snapshot", () => {
     const inputs: WarmInputs = {
       imageDigest: "d1",
       qemuVersion: "QEMU emulator version 7.2.22",
-      layout: ["-m", "1024"],
+      layoutDigest: "L1",
       cpus: 2,
       memoryMiB: 1024
     }
-    const manifest: WarmManifest = {
-      format: WARM_MANIFEST_FORMAT,
-      key: warmKey(inputs),
-      ...inputs,
-      stateBytes: 10
-    }
-    expect(manifestMismatch(manifest, inputs)).toBeUndefined()
-    const cases: ReadonlyArray<[Partial<WarmInputs>, string]> = [
-      [{ qemuVersion: "QEMU emulator version 8.0" }, "saved by QEMU"],
-      [{ memoryMiB: 2048 }, "MiB"],
-      [{ cpus: 4 }, "CPUs"],
-      [{ layout: ["-m", "2048"] }, "layout"],
-      [{ imageDigest: "d2" }, "image"]
+    const changes: ReadonlyArray<Partial<WarmInputs>> = [
+      { qemuVersion: "QEMU emulator version 8.0" },
+      { memoryMiB: 2048 },
+      { cpus: 4 },
+      { layoutDigest: "L2" },
+      { imageDigest: "d2" }
     ]
-    for (const [change, reason] of cases) {
-      const other = { ...inputs, ...change }
-      expect(warmKey(other)).not.toBe(manifest.key)
-      expect(manifestMismatch(manifest, other)).toContain(reason)
-      // a manifest edited to claim the other inputs no longer matches its own key
-      expect(manifestMismatch({ ...manifest, ...change }, other)).toContain("key")
-    }
+    for (const change of changes) expect(warmKey({ ...inputs, ...change })).not.toBe(warmKey(inputs))
+    expect(warmKey({ ...inputs })).toBe(warmKey(inputs))
   })
 })

@@ -88,7 +88,12 @@ const dialCancellable = (dial: () => Promise<Duplex>) =>
   Effect.async<Duplex, string>((resume) => {
     let cancelled = false
     dial().then(
-      (socket) => (cancelled ? socket.destroy() : resume(Effect.succeed(socket))),
+      (socket) => {
+        // an upstream reset before the tunnel's own listeners are on must not be an uncaught
+        // error of the host process; the socket's close that follows ends the tunnel
+        socket.on("error", () => undefined)
+        return cancelled ? socket.destroy() : resume(Effect.succeed(socket))
+      },
       (cause) => resume(Effect.fail(errorCode(cause)))
     )
     return Effect.sync(() => {
@@ -454,11 +459,19 @@ export const makeHttpsBroker = (options: HttpsBrokerOptions = {}) =>
         route.state.counted = guest
         if (route.terminate === undefined) {
           const up = route.upstream!
+          // an upstream gone while the guest's ClientHello is awaited ends the guest's side too
+          const upstreamGone = () => {
+            route.state.closeReason = "upstream-closed"
+            guest.duplex.destroy()
+          }
+          if (up.destroyed) return upstreamGone()
+          up.once("close", upstreamGone)
           // nothing goes upstream before the ClientHello names the tunnel's host (no fronting)
           const hello = yield* Effect.tryPromise({
             try: () => readClientHello(guest.duplex, route.host, { timeoutMs: headTimeoutMs }),
             catch: (cause) => new TunnelFailed({ reason: "client-hello", message: String(cause) })
-          })
+          }).pipe(Effect.ensuring(Effect.sync(() => up.off("close", upstreamGone))))
+          if (up.destroyed) return upstreamGone()
           if (!hello.ok) {
             route.state.closeReason = hello.reason
             if (hello.reason !== "closed-before-hello") yield* route.logDenied(hello.reason)

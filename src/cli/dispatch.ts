@@ -41,6 +41,7 @@ const runsAlone = {
   exec: () => import("./commands/detached.js").then((m) => alone(m.execCommand)),
   attach: () => import("./commands/detached.js").then((m) => alone(m.attachCommand)),
   stop: () => import("./commands/detached.js").then((m) => alone(m.stopCommand)),
+  suspend: () => import("./commands/detached.js").then((m) => alone(m.suspendCommand)),
   forward: () => import("./commands/detached.js").then((m) => alone(m.forwardCommand)),
   start: () => import("./commands/detached.js").then((m) => alone(m.startCommand))
 } satisfies Record<string, () => Promise<CliRun>>
@@ -63,5 +64,7 @@ const full = (): Promise<CliRun> =>
  */
 export const loadCli = (argv: ReadonlyArray<string>): Promise<CliRun> => {
   const word = argv[2]
+  // `abox --version` alone: the root command prints it whichever subcommands it holds
+  if (word === "--version" && argv.length === 3) return runsAlone.list()
   return word !== undefined && Object.hasOwn(runsAlone, word) ? runsAlone[word as keyof typeof runsAlone]() : full()
 }

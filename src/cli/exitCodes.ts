@@ -62,7 +62,14 @@ export const exitCodeByTag: Readonly<Record<string, number>> = {
   // apply: the source changed where the patch writes; the patch does not apply
   SourceChanged: 97,
   PatchFailed: 98,
-  MergeConflicts: 102
+  MergeConflicts: 102,
+  // image import: the archive is not an image abox takes, or breaks a rule of untrusted input
+  ImageImportRefused: 110,
+  // environments (docs/environments.md): the repository's environment file does not decode; its
+  // setup failed (no image made); its install command failed after Open (nothing kept)
+  EnvironmentInvalid: 111,
+  EnvironmentSetupFailed: 112,
+  EnvironmentInstallFailed: 113
 }
 
 /** anything without its own code */

@@ -1,3 +1,4 @@
+import { env } from "./commands/env.js"
 import { image } from "./commands/image.js"
 import { list } from "./commands/list.js"
 import { name } from "./commands/name.js"
@@ -14,7 +15,8 @@ import {
   forwardCommand,
   startCommand,
   stopCommand,
-  superviseCommand
+  superviseCommand,
+  suspendCommand
 } from "./commands/detached.js"
 import { aboxCommand, runAbox } from "./root.js"
 
@@ -33,6 +35,7 @@ const subcommands = [
   scrub,
   doctorCommand,
   image,
+  env,
   diffCommand,
   applyCommand,
   cpCommand,
@@ -40,6 +43,7 @@ const subcommands = [
   execCommand,
   attachCommand,
   stopCommand,
+  suspendCommand,
   forwardCommand,
   superviseCommand
 ] as const

@@ -28,7 +28,10 @@ export const progressBar = (enabled: boolean) => (p: TransferProgress) =>
  * the time it took; otherwise one plain line as each phase begins and one as it ends. The phase
  * `ready` ends the last one. Scoped: a phase cut short by a failure still ends its line.
  */
-export const stepDisplay = <Phase extends string>(enabled: boolean, live: boolean = process.stderr.isTTY === true) =>
+export const stepDisplay = <Phase extends string>(
+  enabled: boolean,
+  live: boolean = process.stderr.isTTY === true
+) =>
   Effect.gen(function* () {
     let current: { readonly phase: Phase; readonly started: number } | undefined
     let ticker: NodeJS.Timeout | undefined

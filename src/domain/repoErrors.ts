@@ -37,7 +37,9 @@ export class PatchFailed extends Schema.TaggedError<PatchFailed>()("PatchFailed"
 /** a host tool the operation needs (git) is missing or failed */
 export class RepoToolFailed extends Schema.TaggedError<RepoToolFailed>()("RepoToolFailed", {
   tool: Schema.String,
-  message: Schema.String
+  message: Schema.String,
+  /** what failed underneath (the tool's start, a file system call), kept for diagnosis */
+  cause: Schema.optional(Schema.Defect)
 }) {}
 
 /** a path argument that is not a path inside the repository, or a missing one */

@@ -75,6 +75,10 @@ export const SESSION_FILES = {
   vfkitSocket: "vfkit.sock",
   /** vfkit's own output (macOS) */
   vfkitLog: "vfkit.log",
+  /** a suspended session's memory and device state (QEMU migration stream, zstd or sparse raw) */
+  memoryState: "memory.state",
+  /** its manifest (StateManifest): written last, so a state without one is incomplete */
+  memoryManifest: "memory.json",
   /** the runtime lock (flock / OFD lock) */
   lock: "lock"
 } as const

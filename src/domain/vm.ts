@@ -1,6 +1,7 @@
 import type * as Duration from "effect/Duration"
 import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
+import type { SnapshotUnsupported, StateCompression, StateManifest } from "./memoryState.js"
 import type { CloseOutcome, GuestArch, VmmBackendName } from "./session.js"
 
 /** What a VM is started with and what a running one gives back (the VmmBackend contract's data). */
@@ -40,10 +41,11 @@ export interface VmSpec {
   readonly repoDisks?: RepoDisks | undefined
   /**
    * the warm layout (the backend's `warm` capability; docs/on-disk.md "Warm snapshots"): no
-   * config or repository disk, the guest waits for the session message (docs/protocol.md "Warm
-   * open"); with `incoming`, the VM is restored from that state file instead of booting
+   * config disk, the guest waits for the session message (docs/protocol.md "Warm open"); the
+   * repository disks (`repoDisks`) are not on the VMM's command line but hot-plugged once the VM
+   * runs (VmmBackend.restore of a warm state)
    */
-  readonly warm?: { readonly incoming?: string | undefined } | undefined
+  readonly warm?: boolean | undefined
 }
 
 /**
@@ -67,6 +69,31 @@ export interface VmExit {
   readonly signal: string | null
 }
 
+/** a VM started from a saved memory state instead of booted (VmmBackend.restore) */
+export interface RestoreSpec {
+  readonly statePath: string
+  /** the state's manifest; a state that does not fit the VM is refused (StateMismatch) */
+  readonly manifest: StateManifest
+  /** the session's image digest now (its kernel must be the one in the saved memory) */
+  readonly imageDigest: string
+}
+
+/** what VmHandle.saveState writes and how the VM goes on */
+export interface SaveRequest {
+  readonly statePath: string
+  /** quit: the VM ends (suspend); cont: it runs on (fork of a running session) */
+  readonly then: "quit" | "cont"
+  readonly imageDigest: string
+  /** how the state is stored (default: zstd where installed, src/vmm/migration.ts) */
+  readonly compression?: StateCompression | undefined
+  /**
+   * while the VM is stopped, before its memory is saved: each drive goes on writing to a new
+   * qcow2 overlay over what it was (`blockdev-snapshot-sync`), which is frozen from then on
+   */
+  readonly snapshotDisks?:
+    ReadonlyArray<{ readonly drive: "root" | "repo"; readonly overlay: string }> | undefined
+}
+
 export interface VmHandle {
   readonly backend: VmmBackendName
   /** pid of the helper (abox-vmm) that owns the VMM process */
@@ -82,6 +109,8 @@ export interface VmHandle {
    * says there why a VM did not start, a configuration, kernel or entitlement error)
    */
   readonly vmmLog?: string | undefined
+  /** save the VM's memory and device state (QEMU); absent or SnapshotUnsupported: this backend cannot */
+  readonly saveState?: (request: SaveRequest) => Effect.Effect<StateManifest, VmmError | SnapshotUnsupported>
 }
 
 export class VmmError extends Schema.TaggedError<VmmError>()("VmmError", {

@@ -1,27 +1,21 @@
-import * as Schema from "effect/Schema"
-
 /**
- * An image's warm snapshot (docs/on-disk.md "Warm snapshots"): the manifest beside its state
- * file. Everything that decides whether a saved state can be restored is in it, and its key
- * (the directory's name) is a hash of those inputs (src/vmm/warmSnapshot.ts).
+ * An image's warm snapshot (docs/on-disk.md "Warm snapshots"): a saved memory state (its manifest
+ * is src/domain/memoryState.ts's StateManifest, the one suspend writes) of the golden booted in
+ * the warm layout, its agent waiting for a session. A snapshot directory's key is a hash of what
+ * the state only fits (src/programs/warm.ts warmKey): another QEMU, layout, memory or CPU count
+ * gives another key, so another snapshot.
  */
-export const WARM_MANIFEST_FORMAT = 1
+import type { StateCompression } from "./memoryState.js"
 
-export const WarmManifest = Schema.Struct({
-  format: Schema.Literal(WARM_MANIFEST_FORMAT),
-  key: Schema.String,
-  imageDigest: Schema.String,
-  qemuVersion: Schema.String,
-  /** the VMM argv with placeholder file names: the device layout, machine, CPU and memory flags */
-  layout: Schema.Array(Schema.String),
-  cpus: Schema.Number,
-  memoryMiB: Schema.Number,
-  /** bytes of the state file, checked before a restore (a truncated file is refused) */
-  stateBytes: Schema.Number
-})
-export type WarmManifest = typeof WarmManifest.Type
 /** what a warm snapshot must have been made with to be restored here */
-export type WarmInputs = Omit<WarmManifest, "format" | "key" | "stateBytes">
+export interface WarmInputs {
+  readonly imageDigest: string
+  readonly qemuVersion: string
+  /** src/vmm/migration.ts layoutDigest of the warm layout, with the machine family's alias */
+  readonly layoutDigest: string
+  readonly cpus: number
+  readonly memoryMiB: number
+}
 
 /** what the backend boots to make a warm snapshot */
 export interface WarmBuildSpec {
@@ -34,4 +28,6 @@ export interface WarmBuildSpec {
   readonly cpus: number
   readonly memoryMiB: number
   readonly stateFile: string
+  readonly imageDigest: string
+  readonly compression: StateCompression
 }

@@ -12,7 +12,14 @@ import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import * as path from "node:path"
 import type { AgentEvent, ControlMessage, TurnLimits } from "../protocol/Messages.js"
-import { FEATURE_EXPORT, FEATURE_LIMITS, FEATURE_OUTPUT, FEATURE_TTY, PROTOCOL_VERSION } from "../protocol/Messages.js"
+import {
+  FEATURE_EXPORT,
+  FEATURE_LIMITS,
+  FEATURE_OUTPUT,
+  FEATURE_RESUME,
+  FEATURE_TTY,
+  PROTOCOL_VERSION
+} from "../protocol/Messages.js"
 import { encodeOutputRecord } from "../protocol/TurnOutput.js"
 import { INITIAL_WINDOW, type Mux } from "../protocol/Mux.js"
 import { saveContext, type ContextTurn } from "./context.js"
@@ -22,6 +29,7 @@ import { baselineDir } from "./repoDisk.js"
 import type { PromptRunner } from "./prompts.js"
 import type { TurnOutcome, TurnRunner } from "./turns.js"
 import type { TtyTurnRunner } from "./ttyTurns.js"
+import type { TurnSlot } from "./turnSlot.js"
 import { channelDuplex } from "./tunnels.js"
 import { errorMessage as errorText } from "../domain/errorMessage.js"
 
@@ -34,7 +42,8 @@ const CANCELLED_OUTPUT_WAIT_MS = 1000
 export type AgentLink = Pick<
   Mux,
   "onControl" | "onError" | "onClose" | "sendControl" | "channel" | "close" | "receiveWindow"
->
+> &
+  Partial<Pick<Mux, "highestHostChannel">>
 
 export interface GuestAgentOptions {
   readonly link: AgentLink
@@ -43,6 +52,8 @@ export interface GuestAgentOptions {
   readonly repoDir: string
   readonly stateDir: string
   readonly runner: TurnRunner
+  /** the one turn slot the runners share (one turn at a time, whichever its kind) */
+  readonly slot: TurnSlot
   /** tty turns (a pty from BusyBox telnetd); absent: hello does not list FEATURE_TTY */
   readonly tty?: TtyTurnRunner | undefined
   /** prompt turns (the model agent); absent: a prompt turn is refused with an error */
@@ -63,6 +74,12 @@ export interface GuestAgentOptions {
    * session's disks once the host hears that it ended, however the VM is stopped after that
    */
   readonly settle?: (() => Promise<void>) | undefined
+  /**
+   * the VM was restored from its saved memory (`resumed`): set the clock, mix in the entropy,
+   * trust a fork's own broker CA. Absent: hello does not list FEATURE_RESUME
+   */
+  readonly onResumed?:
+    ((resumed: Extract<ControlMessage, { readonly type: "resumed" }>) => Promise<void>) | undefined
 }
 
 /** why the conversation ended */
@@ -119,6 +136,21 @@ export class GuestAgent {
       this.finish("protocol_error")
     })
     link.onClose(() => this.finish("disconnected"))
+    await this.hello()
+    const end = await ended
+    this.shuttingDown = true
+    await Promise.all([this.options.runner.stop(), this.options.prompts?.stop(), this.options.tty?.stop()])
+    await this.turnDone
+    await this.save()
+    return end
+  }
+
+  /** hello + ready: at the start, and again as the answer to `resumed` (with hostChannel) */
+  private async hello(resumed = false): Promise<void> {
+    const { link } = this.options
+    const features = [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_LIMITS]
+    if (this.options.tty !== undefined) features.push(FEATURE_TTY)
+    if (this.options.onResumed !== undefined) features.push(FEATURE_RESUME)
     await link.sendControl({
       type: "hello",
       protocol: PROTOCOL_VERSION,
@@ -128,18 +160,28 @@ export class GuestAgent {
       // a window above v4's default lets the host keep a transfer's pipe full
       ...(link.receiveWindow > INITIAL_WINDOW ? { window: link.receiveWindow } : {}),
       ...(this.options.repoDisk === true ? { repoDisk: true } : {}),
-      features:
-        this.options.tty === undefined
-          ? [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_LIMITS]
-          : [FEATURE_EXPORT, FEATURE_OUTPUT, FEATURE_LIMITS, FEATURE_TTY]
+      features,
+      ...(resumed ? { hostChannel: link.highestHostChannel ?? 0 } : {})
     })
     await link.sendControl({ type: "ready" })
-    const end = await ended
-    this.shuttingDown = true
-    await Promise.all([this.options.runner.stop(), this.options.prompts?.stop(), this.options.tty?.stop()])
-    await this.turnDone
-    await this.save()
-    return end
+  }
+
+  private async resumed(message: Extract<ControlMessage, { readonly type: "resumed" }>): Promise<void> {
+    if (this.options.onResumed === undefined) {
+      return this.send({
+        type: "error",
+        code: "unexpected_message",
+        message: "resumed: this guest cannot resume"
+      })
+    }
+    try {
+      await this.options.onResumed(message)
+    } catch (error) {
+      this.options.log(`after the resume: ${errorText(error)}`)
+    }
+    await this.hello(true).catch((error: unknown) =>
+      this.options.log(`could not send hello: ${errorText(error)}`)
+    )
   }
 
   private send(message: ControlMessage): Promise<void> {
@@ -227,6 +269,8 @@ export class GuestAgent {
         this.options.log("shutdown requested")
         this.finish("shutdown")
         return
+      case "resumed":
+        return this.resumed(message)
       case "forward_open":
         this.forward(message.channel, message.port)
         return
@@ -411,7 +455,12 @@ export class GuestAgent {
   }
 
   private noTty(type: string, turn: number): Promise<void> {
-    return this.send({ type: "error", code: "unexpected_message", message: `${type}: this guest has no tty turns`, turn })
+    return this.send({
+      type: "error",
+      code: "unexpected_message",
+      message: `${type}: this guest has no tty turns`,
+      turn
+    })
   }
 
   private startTurn(
@@ -422,7 +471,7 @@ export class GuestAgent {
     outputChannel?: number,
     limits?: TurnLimits
   ): Promise<void> | void {
-    const { runner, prompts, tty } = this.options
+    const { runner, prompts } = this.options
     // the host's output channel (FEATURE_OUTPUT) carries a shell command's stdout/stderr; a turn
     // that sends events instead (prompt, configured agent, refused) ends it at once
     const channel = outputChannel === undefined ? undefined : this.options.link.channel(outputChannel)
@@ -434,7 +483,10 @@ export class GuestAgent {
       // (bounded) for the credit, then the channel is dropped and turn_end goes anyway
       if (cancelled) {
         let timer: NodeJS.Timeout | undefined
-        await Promise.race([ended, new Promise<void>((done) => (timer = setTimeout(done, CANCELLED_OUTPUT_WAIT_MS)))])
+        await Promise.race([
+          ended,
+          new Promise<void>((done) => (timer = setTimeout(done, CANCELLED_OUTPUT_WAIT_MS)))
+        ])
         clearTimeout(timer)
       } else await ended
       channel.destroy("turn output sent")
@@ -452,7 +504,7 @@ export class GuestAgent {
             })
           }
         : undefined
-    const busy = runner.current ?? prompts?.current ?? tty?.current
+    const busy = this.options.slot.current
     if (busy !== undefined) {
       if (raw) void endOutput()
       return this.send({

@@ -37,7 +37,9 @@ import { TunnelClient } from "./tunnels.js"
 import { PromptRunner } from "./prompts.js"
 import { TurnRunner, turnEnv } from "./turns.js"
 import { BUSYBOX, TtyTurnRunner } from "./ttyTurns.js"
+import { TurnSlot } from "./turnSlot.js"
 import { isRoot, resolveUser, type TurnUser } from "./user.js"
+import { readImageEnv } from "./imageEnv.js"
 import { errorMessage as errorText } from "../domain/errorMessage.js"
 
 export const GUEST_VERSION = "0.1.0"
@@ -194,12 +196,39 @@ export const startEgressProxy = async (
   }
 }
 
+/** how long a warm open's hot-plugged repository disks are waited for */
+const HOTPLUG_WAIT_MS = 30_000
+
 const runCommand = (command: string, args: ReadonlyArray<string>): Promise<number | null> =>
   new Promise((resolve) => {
     const child = spawn(command, args, { stdio: "inherit" })
     child.once("error", () => resolve(null))
     child.once("exit", (code) => resolve(code))
   })
+
+/**
+ * After a restore of the VM's saved memory (`resumed`): in a VM, the clock from the host (it
+ * stood still while the VM was saved) and the host's entropy written into the kernel pool
+ * (/dev/urandom mixes what is written into it: a fork does not go on with its parent's pool);
+ * and a fork's own broker CA in the trust files every turn reads (same paths, new content).
+ */
+const onResumed =
+  (flags: GuestFlags, config: GuestConfig) =>
+  async (resumed: {
+    readonly unixMillis: number
+    readonly entropy: string
+    readonly brokerCaCert?: string | undefined
+  }) => {
+    if (flags.onShutdown === "poweroff") {
+      await fs.writeFile("/dev/urandom", Buffer.from(resumed.entropy, "base64"))
+      const code = await runCommand("date", ["-u", "-s", `@${Math.floor(resumed.unixMillis / 1000)}`])
+      if (code !== 0) log(`could not set the clock (date exited ${code})`)
+    }
+    if (resumed.brokerCaCert !== undefined && config.brokerCaCert !== undefined) {
+      await writeCaFiles(flags.run, [resumed.brokerCaCert, ...(config.extraCaCerts ?? [])])
+      log("trusting this session's own broker CA")
+    }
+  }
 
 const finish = async (flags: GuestFlags, code: number): Promise<never> => {
   if (flags.onShutdown === "poweroff" && code === GuestExit.Ok) {
@@ -260,11 +289,14 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   }
 
   let config: Either.Either<GuestConfig, string>
+  // a warm open's repository disks are hot-plugged: looked for until they appear
+  let hotplugWaitMs = 0
   if (waiting) {
     const handoff = await awaitHandoff(mux)
     if (typeof handoff === "string") return fail("bad_config", handoff, GuestExit.BadConfig)
     if (isRoot()) await applyHandoff(handoff, log)
     config = Either.right(handoff.config)
+    if (handoff.repoDisks === true) hotplugWaitMs = HOTPLUG_WAIT_MS
   } else config = await readConfigDisk(flags.config)
   if (Either.isLeft(config)) return fail("bad_config", config.left, GuestExit.BadConfig)
 
@@ -272,17 +304,20 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
   let history
   let disks: RepoDisks = { repo: false, baseline: false }
   let messages: ReadonlyArray<unknown> = []
+  // an environment's setup VM: root turns, a read-only repository, no conversation kept on the root disk
+  const setupVm = config.right.setup === true
+  const stateDir = setupVm ? path.join(flags.run, "setup-state") : flags.state
   try {
-    user = isRoot() ? await resolveUser(flags.user) : undefined
-    await ensureStateDir(flags.state)
-    const loaded = await loadContext(flags.state)
+    user = isRoot() && !setupVm ? await resolveUser(flags.user) : undefined
+    await ensureStateDir(stateDir)
+    const loaded = await loadContext(stateDir)
     if (loaded.keptAside !== undefined) {
       log(`context.json did not decode (${loaded.keptAside.reason}); kept as ${loaded.keptAside.path}`)
     }
     history = loaded.turns
     messages = loaded.messages
     await fs.mkdir(flags.repo, { recursive: true, mode: 0o755 })
-    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, flags.state)
+    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, stateDir, setupVm, hotplugWaitMs)
     if (user !== undefined) await fs.chown(flags.repo, user.uid, user.gid)
   } catch (error) {
     return fail("setup_failed", `guest setup failed: ${errorText(error)}`, GuestExit.Setup)
@@ -294,11 +329,14 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     model: config.right.model,
     user,
     agentArgv: config.right.agent?.argv,
-    extraEnv: { ...placeholderEnv(config.right), ...proxy.env }
+    // an imported image's Env first: abox's own variables win
+    extraEnv: { ...(await readImageEnv(log)), ...config.right.env, ...placeholderEnv(config.right), ...proxy.env }
   }
-  const runner = new TurnRunner(turnEnvironment)
+  // one turn at a time, whichever its kind: the three runners share one slot
+  const slot = new TurnSlot()
+  const runner = new TurnRunner(turnEnvironment, slot)
   // tty turns need BusyBox's telnetd (the image's /bin/busybox); without it hello does not offer them
-  const tty = existsSync(BUSYBOX) ? new TtyTurnRunner(turnEnvironment) : undefined
+  const tty = existsSync(BUSYBOX) ? new TtyTurnRunner(turnEnvironment, BUSYBOX, slot) : undefined
   // the model agent: its bundle loads on the first prompt turn, not here
   const saver: { agent?: GuestAgent } = {}
   const prompts = new PromptRunner({
@@ -313,7 +351,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     proxyPort: proxy.port,
     caPems: addedCaPems(config.right),
     log
-  })
+  }, slot)
   // SIGTERM (the VMM's or FakeVmm's fallback signal): nothing of a turn may outlive the agent
   process.once("SIGTERM", () => {
     runner.killNow()
@@ -326,8 +364,9 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     arch: archName(process.arch),
     build: GUEST_BUILD,
     repoDir: flags.repo,
-    stateDir: flags.state,
+    stateDir,
     runner,
+    slot,
     prompts,
     tty,
     history,
@@ -336,6 +375,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     onTunnelMessage: proxy.onTunnelMessage,
     log,
     repoDisk: disks.repo,
+    onResumed: onResumed(flags, config.right),
     // in a VM the host may stop it without the guest's help (its supervisor killed): a turn's
     // writes are synced before its end is reported (on the host, FakeVmm, the host's disks are not ours)
     settle: flags.onShutdown === "poweroff" ? () => runCommand("sync", []).then(() => undefined) : undefined

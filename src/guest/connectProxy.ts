@@ -29,7 +29,6 @@ export interface ConnectProxy {
   readonly close: () => Promise<void>
 }
 
-
 /**
  * The environment the guest agent sets for every process it starts, so that HTTPS goes through
  * the proxy and trusts the session CA. `caBundlePath`: the system CAs plus the session CA (for

@@ -50,8 +50,12 @@ const walkEntries = async (dir: string, exclude: ReadonlyArray<string>): Promise
   )
   const root = await fs.lstat(dir, { bigint: true }).catch(() => undefined)
   if (root === undefined || !root.isDirectory()) return out
-  const pending: Array<{ readonly rel: string; readonly path: string; readonly dev: bigint; readonly ino: bigint }> =
-    [{ rel: "", path: dir, dev: root.dev, ino: root.ino }]
+  const pending: Array<{
+    readonly rel: string
+    readonly path: string
+    readonly dev: bigint
+    readonly ino: bigint
+  }> = [{ rel: "", path: dir, dev: root.dev, ino: root.ino }]
   while (pending.length > 0) {
     const { rel, path, dev, ino } = pending.pop()!
     let handle: FileHandle | undefined
@@ -174,9 +178,13 @@ const headerSize = (header: Uint8Array): number => {
     for (let i = 1; i < field.length; i++) size = size * 256 + field[i]!
     return size
   }
-  const text = Buffer.from(field).toString("latin1").replace(/[\0 ]+$/g, "").trim()
+  const text = Buffer.from(field)
+    .toString("latin1")
+    .replace(/[\0 ]+$/g, "")
+    .trim()
   const size = text === "" ? 0 : Number.parseInt(text, 8)
-  if (!Number.isFinite(size)) throw new Error(`tar wrote a header with a bad size field ${JSON.stringify(text)}`)
+  if (!Number.isFinite(size))
+    throw new Error(`tar wrote a header with a bad size field ${JSON.stringify(text)}`)
   return size
 }
 

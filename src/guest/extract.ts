@@ -35,8 +35,9 @@ import { errorMessage } from "../domain/errorMessage.js"
 
 export class ExtractError extends Error {
   readonly reason: string
-  constructor(reason: string) {
-    super(`tar extraction failed: ${reason}`)
+  /** `cause`: the error of the operation that failed (a write, a parse), kept as it came */
+  constructor(reason: string, cause?: unknown) {
+    super(`tar extraction failed: ${reason}`, cause === undefined ? undefined : { cause })
     this.name = "ExtractError"
     this.reason = reason
   }
@@ -54,7 +55,38 @@ export interface ExtractOptions {
   readonly untrusted?: UntrustedRules
   /** stop: the source is no longer read (its iterator is returned) and the extraction fails */
   readonly signal?: AbortSignal
+  /** the tar is one layer of an OCI image applied over the tree (src/lib/oci): see `LayerRules` */
+  readonly layer?: LayerRules
 }
+
+/** what a layer's entry carries that the host copy does not keep: set later in the image's file system */
+export interface LayerEntry {
+  readonly type: "Directory" | "File" | "SymbolicLink" | "FIFO"
+  /** permission bits with setuid, setgid and sticky (0o7777) */
+  readonly mode: number
+  readonly uid: number
+  readonly gid: number
+}
+
+/**
+ * An OCI image layer (image-spec layer.md) applied over what the lower layers extracted:
+ * - `.wh.<name>` removes the lower layers' `<name>` (a directory with all below it) and is not
+ *   written; `.wh..wh..opq` removes what lower layers put in its directory (what this layer
+ *   writes there stays, in whichever order the tar lists them);
+ * - an entry may replace a lower layer's directory by a file (or a file by a directory);
+ * - a FIFO is kept as an empty placeholder file, told to `record` as a FIFO (the image's file
+ *   system makes the real one); devices stay refused (`untrusted` should be set too);
+ * - every file, directory, symlink and FIFO written is told to `record` with its owner and full
+ *   mode; the host copy keeps owner read/write (and search) access so that it can be read back.
+ */
+export interface LayerRules {
+  readonly record: (parts: ReadonlyArray<string>, entry: LayerEntry) => void
+  /** a whiteout removed this path (and everything below it) */
+  readonly removed: (parts: ReadonlyArray<string>) => void
+}
+
+const WHITEOUT = ".wh."
+const OPAQUE = ".wh..wh..opq"
 
 export interface UntrustedRules {
   /** file bytes in all, as the headers declare them (skipped entries count too) */
@@ -135,6 +167,11 @@ export const WRITE_AHEAD = 1024 * 1024
 /** files being finished (last writes, metadata, close) while the next entries go on */
 const MAX_FINISHING = 4
 const BLOCK = 512
+/**
+ * what may follow an archive's end (its two zero blocks): tar writers pad to their record size
+ * (GNU tar 10 KiB); more is a sender that never finishes, refused instead of read forever
+ */
+const MAX_PAST_END = 1024 * 1024
 
 /**
  * A file's content on its way to disk: chunks are queued and written in one writev per batch,
@@ -204,6 +241,20 @@ export const extractTar = async (
   let failure: unknown = undefined
   let chain: Promise<void> = Promise.resolve()
 
+  const layer = options.layer
+  /** the host copy's mode: permission bits, and for a layer the owner's access besides */
+  const hostMode = (mode: number | undefined, fallback: number, dir: boolean): number =>
+    layer === undefined ? permissions(mode, fallback) : permissions(mode, fallback) | (dir ? 0o700 : 0o600)
+  /** paths this layer wrote: a whiteout (and an opaque directory) leaves them */
+  const written = new Set<string>()
+  const tell = (entry: ReadEntry, parts: ReadonlyArray<string>, type: LayerEntry["type"]) =>
+    layer?.record(parts, {
+      type,
+      mode: (entry.mode ?? (type === "Directory" ? 0o755 : 0o644)) & 0o7777,
+      uid: entry.uid ?? 0,
+      gid: entry.gid ?? 0
+    })
+
   const own = async (target: string, link: boolean) => {
     if (options.owner === undefined) return
     if (link) await fs.lchown(target, options.owner.uid, options.owner.gid)
@@ -254,8 +305,31 @@ export const extractTar = async (
       if (isErrno(error, "ENOENT")) return
       throw error
     }
-    if (stat.isDirectory()) throw new ExtractError(`${describe(entry)} would replace a directory`)
+    if (stat.isDirectory()) {
+      // a layer replaces a lower layer's directory (never one it wrote itself)
+      if (layer === undefined || written.has(target))
+        throw new ExtractError(`${describe(entry)} would replace a directory`)
+      await removeLower(target)
+      return
+    }
     await fs.unlink(target)
+  }
+
+  /** remove a lower layer's entry (a directory with all below it; links are removed, never followed) */
+  const removeLower = async (target: string) => {
+    await fs.rm(target, { recursive: true, force: true })
+    for (const dir of knownDirs)
+      if (dir === target || dir.startsWith(target + path.sep)) knownDirs.delete(dir)
+    layer?.removed(path.relative(root, target).split(path.sep))
+  }
+
+  /** `.wh..wh..opq` in `dir`: what lower layers put below it goes, what this layer wrote stays */
+  const opaque = async (dir: string): Promise<void> => {
+    for (const name of await fs.readdir(dir)) {
+      const child = path.join(dir, name)
+      if (!written.has(child)) await removeLower(child)
+      else if ((await fs.lstat(child)).isDirectory()) await opaque(child)
+    }
   }
 
   /** a fresh file at `target` (never through a link): O_EXCL first, else clear the path and retry */
@@ -320,7 +394,7 @@ export const extractTar = async (
         })
       })
       const { uid, gid } = options.owner ?? {}
-      const mode = permissions(entry.mode, 0o644)
+      const mode = hostMode(entry.mode, 0o644, false)
       const mtime = entry.mtime
       closeHere = false
       const done: Promise<void> = (async () => {
@@ -373,7 +447,8 @@ export const extractTar = async (
           )
         }
       }
-      if (!["Directory", "File", "OldFile", "ContiguousFile", "SymbolicLink", "Link"].includes(entry.type)) {
+      const kept = ["Directory", "File", "OldFile", "ContiguousFile", "SymbolicLink", "Link"]
+      if (!kept.includes(entry.type) && !(layer !== undefined && entry.type === "FIFO")) {
         throw new ExtractError(`${describe(entry)}: ${entry.type} entries are refused`)
       }
       if (untrusted.skipGit === true && parts.some((part) => isGitName(part))) {
@@ -396,7 +471,21 @@ export const extractTar = async (
       throw new ExtractError(`${describe(entry)}: empty path`)
     }
     const dir = await parentDir(parts.slice(0, -1), entry)
-    const target = path.join(dir, parts[parts.length - 1]!)
+    const last = parts[parts.length - 1]!
+    const target = path.join(dir, last)
+    if (layer !== undefined && last.startsWith(WHITEOUT)) {
+      if (last === OPAQUE) await opaque(dir)
+      else {
+        const hidden = last.slice(WHITEOUT.length)
+        const lower = path.join(dir, hidden)
+        if (hidden === "" || hidden === "." || hidden === "..")
+          throw new ExtractError(`${describe(entry)}: a whiteout of no name`)
+        if (!written.has(lower) && (await fs.lstat(lower).catch(() => undefined)) !== undefined)
+          await removeLower(lower)
+      }
+      return
+    }
+    written.add(target)
     switch (entry.type) {
       case "Directory": {
         let stat
@@ -405,19 +494,45 @@ export const extractTar = async (
         } catch (error) {
           if (!isErrno(error, "ENOENT")) throw error
         }
+        if (stat !== undefined && !stat.isDirectory() && layer !== undefined) {
+          // a layer's directory where a lower layer had a file
+          await fs.unlink(target)
+          stat = undefined
+        }
         if (stat === undefined) {
           await fs.mkdir(target, { mode: 0o700 })
         } else if (!stat.isDirectory()) {
           throw new ExtractError(`${describe(entry)}: a non-directory is already there`)
         }
-        await Promise.all([fs.chmod(target, permissions(entry.mode, 0o755)), own(target, false)])
+        await Promise.all([fs.chmod(target, hostMode(entry.mode, 0o755, true)), own(target, false)])
         knownDirs.add(target)
+        tell(entry, parts, "Directory")
         return
       }
       case "File":
       case "OldFile":
       case "ContiguousFile": {
         await writeFile(target, entry)
+        tell(entry, parts, "File")
+        files++
+        return
+      }
+      case "FIFO": {
+        // skipped as any special entry, except in a layer (`untrusted` refuses them otherwise)
+        if (layer === undefined) {
+          skipped++
+          return
+        }
+        // a placeholder on the host: the image's file system gets the FIFO
+        await clear(target, entry)
+        await (
+          await fs.open(
+            target,
+            fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW,
+            0o600
+          )
+        ).close()
+        tell(entry, parts, "FIFO")
         files++
         return
       }
@@ -428,6 +543,7 @@ export const extractTar = async (
         await clear(target, entry)
         await fs.symlink(linkpath, target)
         await own(target, true)
+        tell(entry, parts, "SymbolicLink")
         files++
         return
       }
@@ -460,6 +576,7 @@ export const extractTar = async (
 
   /** the archive's end (two zero blocks) was read, and whether any entry came before it */
   let sawEnd = false
+  let pastEnd = 0
   let sawEntry = false
   const parser = new Parser({
     strict: true,
@@ -477,9 +594,12 @@ export const extractTar = async (
     }
   })
   // strict: tar's warnings (bad checksums, truncated input, not a tar) are 'error' events
-  parser.on("eof", () => {
-    sawEnd = true
-  })
+  const eof = new Promise<void>((resolve) =>
+    parser.on("eof", () => {
+      sawEnd = true
+      resolve()
+    })
+  )
   const parserDone = new Promise<void>((resolve, reject) => {
     parser.on("end", () => resolve())
     parser.on("error", (error: unknown) =>
@@ -495,9 +615,11 @@ export const extractTar = async (
   const feed = async (chunk: Buffer) => {
     if (parser.write(chunk)) return
     // a parser that failed emits no drain: its error ends the wait (and is the failure)
+    // nor does one past the archive's end (its two zero blocks): what follows is not read
     await Promise.race([
       new Promise<void>((resolve) => parser.once("drain", () => resolve())),
-      parserDone.catch(() => undefined)
+      parserDone.catch(() => undefined),
+      eof
     ])
   }
   /** bytes of an incomplete 512-byte block, held until the next chunk completes it */
@@ -528,6 +650,16 @@ export const extractTar = async (
     if (next.done === true) {
       returned = true
       break
+    }
+    // past the archive's end: the rest of the source is read (its sender finishes as before)
+    // but not parsed (the Parser takes no more, and would hold the reading forever), up to a bound
+    if (sawEnd) {
+      pastEnd += next.value.length
+      if (pastEnd > MAX_PAST_END) {
+        failure ??= new ExtractError(`more than ${MAX_PAST_END} bytes after the archive's end`)
+        break
+      }
+      continue
     }
     const bytes = next.value
     // the Parser works in 512-byte blocks and concatenates (copies) whatever is left over with
@@ -561,9 +693,7 @@ export const extractTar = async (
   await chain
   while (finishing.size > 0) await Promise.all(finishing)
   if (failure !== undefined) {
-    throw failure instanceof ExtractError
-      ? failure
-      : new ExtractError(errorMessage(failure))
+    throw failure instanceof ExtractError ? failure : new ExtractError(errorMessage(failure), failure)
   }
   return { files, bytes, skipped }
 }

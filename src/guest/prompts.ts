@@ -11,6 +11,7 @@ import type { ModelSpec } from "../protocol/GuestConfig.js"
 import type { ModelAgent, ModelAgentOptions, PromptOutcome } from "./model/index.js"
 import type { TurnLimits } from "../protocol/Messages.js"
 import type { EventSink, TurnOutcome } from "./turns.js"
+import { TurnSlot, type TurnClaim } from "./turnSlot.js"
 import type { TurnUser } from "./user.js"
 
 export const MODEL_BUNDLE = "abox-guest-model.cjs"
@@ -69,10 +70,15 @@ export const promptExit = (outcome: PromptOutcome): TurnOutcome => ({
 export class PromptRunner {
   private agent: Promise<ModelAgent> | undefined
   private loaded: ModelAgent | undefined
-  private running: { readonly turn: number; cancelled: boolean } | undefined
+  private running: TurnClaim | undefined
 
-  constructor(private readonly env: PromptEnvironment) {}
+  constructor(
+    private readonly env: PromptEnvironment,
+    /** the guest's one turn slot, shared with the other kinds of turn */
+    private readonly slot: TurnSlot = new TurnSlot()
+  ) {}
 
+  /** the prompt turn being run, if any */
   get current(): number | undefined {
     return this.running?.turn
   }
@@ -92,8 +98,7 @@ export class PromptRunner {
   }
 
   async run(turn: number, text: string, sink: EventSink, limits?: TurnLimits): Promise<TurnOutcome> {
-    if (this.running !== undefined) throw new Error(`turn ${this.running.turn} is still running`)
-    const running = { turn, cancelled: false }
+    const running = this.slot.claim(turn)
     this.running = running
     try {
       const agent = await this.model()
@@ -103,6 +108,7 @@ export class PromptRunner {
       }
       return promptExit(await agent.run(text, sink, limits))
     } finally {
+      running.release()
       if (this.running === running) this.running = undefined
     }
   }
@@ -110,7 +116,7 @@ export class PromptRunner {
   cancel(turn: number): boolean {
     const running = this.running
     if (running === undefined || running.turn !== turn) return false
-    running.cancelled = true
+    running.cancel()
     void this.agent?.then((agent) => agent.cancel())
     return true
   }

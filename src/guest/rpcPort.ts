@@ -100,7 +100,7 @@ const socatOnce = (port: number): Promise<Duplex | string> =>
       }
     })
     child.once("error", (error) =>
-      reject(new Error(`vsock:${port} needs socat in the image: ${error.message}`))
+      reject(new Error(`vsock:${port} needs socat in the image: ${error.message}`, { cause: error }))
     )
     child.once("exit", (code, signal) => {
       if (!connected) resolve(lastError !== "" ? lastError : `socat exited (${code ?? signal})`)

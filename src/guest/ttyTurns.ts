@@ -28,6 +28,8 @@ import * as os from "node:os"
 import * as path from "node:path"
 import type { TurnSignalName } from "../protocol/Messages.js"
 import { OutputChunker, turnEnv, type EventSink, type TurnEnvironment, type TurnOutcome } from "./turns.js"
+import { killGroup } from "./processGroup.js"
+import { TurnSlot, type TurnClaim } from "./turnSlot.js"
 import type { TurnUser } from "./user.js"
 
 const IAC = 0xff
@@ -166,22 +168,10 @@ const readInt = async (file: string): Promise<number | undefined> => {
   }
 }
 
-/** a process group the agent started itself (telnetd's): signalled as root */
-const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
-  if (pid === undefined || pid <= 1) return
-  try {
-    process.kill(-pid, signal)
-  } catch {
-    // the group is gone
-  }
-}
-
 interface Running {
-  readonly turn: number
+  readonly claim: TurnClaim
   readonly child: ChildProcess
   readonly dir: string
-  cancelled: boolean
-  killTimer?: NodeJS.Timeout
 }
 
 export interface TtyTurnOptions {
@@ -209,11 +199,14 @@ export class TtyTurnRunner {
 
   constructor(
     private readonly env: TurnEnvironment,
-    private readonly busybox: string = BUSYBOX
+    private readonly busybox: string = BUSYBOX,
+    /** the guest's one turn slot, shared with the other kinds of turn */
+    private readonly slot: TurnSlot = new TurnSlot()
   ) {}
 
+  /** the tty turn being run, if any */
   get current(): number | undefined {
-    return this.running?.turn
+    return this.running?.claim.turn
   }
 
   /**
@@ -232,10 +225,16 @@ export class TtyTurnRunner {
 
   /** Runs one tty turn to its end; rejects only when it cannot start (no busybox, no temp dir). */
   async run(turn: number, text: string, options: TtyTurnOptions, sink: EventSink): Promise<TurnOutcome> {
-    if (this.running !== undefined) throw new Error(`turn ${this.running.turn} is still running`)
+    const claim = this.slot.claim(turn)
     const user = this.env.user
     // the agent's own directory: the user enters it and writes the two files made for it there
-    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "abox-tty-"))
+    let dir: string
+    try {
+      dir = await fs.mkdtemp(path.join(os.tmpdir(), "abox-tty-"))
+    } catch (error) {
+      claim.release()
+      throw error
+    }
     try {
       await fs.chmod(dir, 0o711)
       await fs.writeFile(path.join(dir, "wrapper"), wrapperScript(dir, text, options.rows, options.cols), {
@@ -254,6 +253,7 @@ export class TtyTurnRunner {
         }
       }
     } catch (error) {
+      claim.release()
       await fs.rm(dir, { recursive: true, force: true })
       throw error
     }
@@ -264,7 +264,7 @@ export class TtyTurnRunner {
       stdio: ["pipe", "pipe", "ignore"],
       ...(user === undefined ? {} : { uid: user.uid, gid: user.gid })
     })
-    const running: Running = { turn, child, dir, cancelled: false }
+    const running: Running = { claim, child, dir }
     this.running = running
     child.stdin!.on("error", () => undefined)
     try {
@@ -274,6 +274,7 @@ export class TtyTurnRunner {
       })
     } catch (error) {
       this.running = undefined
+      claim.release()
       await fs.rm(dir, { recursive: true, force: true })
       throw error
     }
@@ -292,16 +293,16 @@ export class TtyTurnRunner {
     child.stdin?.destroy()
     await this.signalAsUser(await readInt(path.join(dir, "pid")), "SIGKILL")
     const status = await readInt(path.join(dir, "status"))
-    if (running.killTimer !== undefined) clearTimeout(running.killTimer)
+    claim.release()
     if (this.running === running) this.running = undefined
     await fs.rm(dir, { recursive: true, force: true })
-    if (status === undefined || status > 255) return { exitCode: null, signal: "SIGKILL", cancelled: running.cancelled }
-    return { exitCode: status, signal: null, cancelled: running.cancelled }
+    if (status === undefined || status > 255) return { exitCode: null, signal: "SIGKILL", cancelled: claim.cancelled }
+    return { exitCode: status, signal: null, cancelled: claim.cancelled }
   }
 
   private target(turn: number): Running | undefined {
     const running = this.running
-    return running !== undefined && running.turn === turn ? running : undefined
+    return running !== undefined && running.claim.turn === turn ? running : undefined
   }
 
   /** bytes typed on the client's terminal; false when `turn` is not running */
@@ -331,18 +332,19 @@ export class TtyTurnRunner {
   cancel(turn: number): boolean {
     const running = this.target(turn)
     if (running === undefined) return false
-    if (running.cancelled) return true
-    running.cancelled = true
+    const pidFile = path.join(running.dir, "pid")
     // SIGTERM to the command's session (the wrapper records 143; telnetd then ends on its own),
     // or to telnetd's group while the wrapper has not started; SIGKILL to both after the bound
-    void readInt(path.join(running.dir, "pid")).then((pid) =>
-      pid === undefined ? killGroup(running.child.pid, "SIGTERM") : this.signalAsUser(pid, "SIGTERM")
-    )
-    running.killTimer = setTimeout(() => {
-      void readInt(path.join(running.dir, "pid")).then((pid) => this.signalAsUser(pid, "SIGKILL"))
+    running.claim.terminate((signal) => {
+      if (signal === "SIGTERM") {
+        void readInt(pidFile).then((pid) =>
+          pid === undefined ? killGroup(running.child.pid, "SIGTERM") : this.signalAsUser(pid, "SIGTERM")
+        )
+        return
+      }
+      void readInt(pidFile).then((pid) => this.signalAsUser(pid, "SIGKILL"))
       killGroup(running.child.pid, "SIGKILL")
-    }, this.env.killAfterMs ?? 2000)
-    running.killTimer.unref()
+    }, this.env.killAfterMs)
     return true
   }
 
@@ -353,7 +355,7 @@ export class TtyTurnRunner {
       if (running.child.exitCode !== null || running.child.signalCode !== null) resolve()
       else running.child.once("exit", () => resolve())
     })
-    this.cancel(running.turn)
+    this.cancel(running.claim.turn)
     await ended
   }
 

@@ -32,20 +32,20 @@ export const channelDuplex = (channel: MuxChannel, onDestroy: () => void): Duple
           }
           duplex.push(null)
         } catch (error) {
-          duplex.destroy(error instanceof Error ? error : new Error(String(error)))
+          duplex.destroy(error instanceof Error ? error : new Error(String(error), { cause: error }))
         }
       })()
     },
     write(chunk: Buffer, _encoding, callback) {
       channel.write(chunk).then(
         () => callback(),
-        (error: unknown) => callback(error instanceof Error ? error : new Error(String(error)))
+        (error: unknown) => callback(error instanceof Error ? error : new Error(String(error), { cause: error }))
       )
     },
     final(callback) {
       channel.end().then(
         () => callback(),
-        (error: unknown) => callback(error instanceof Error ? error : new Error(String(error)))
+        (error: unknown) => callback(error instanceof Error ? error : new Error(String(error), { cause: error }))
       )
     },
     destroy(error, callback) {

@@ -17,6 +17,8 @@ import * as Either from "effect/Either"
 import * as Schema from "effect/Schema"
 import type { AgentEvent } from "../protocol/Messages.js"
 import { MAX_OUTPUT_RECORD } from "../protocol/TurnOutput.js"
+import { killGroup } from "./processGroup.js"
+import { TurnSlot, type TurnClaim } from "./turnSlot.js"
 import type { TurnUser } from "./user.js"
 
 export const TURN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -204,36 +206,28 @@ const pumpLines = async (stream: NodeJS.ReadableStream, sink: EventSink): Promis
   if (pending !== "") await emitLine(pending, sink)
 }
 
-/** signal a whole process group; ESRCH (already gone) is not an error */
-const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
-  if (pid === undefined) return
-  try {
-    process.kill(-pid, signal)
-  } catch {
-    // the group is gone
-  }
-}
-
 interface Running {
-  readonly turn: number
+  readonly claim: TurnClaim
   readonly child: ChildProcess
-  cancelled: boolean
-  killTimer?: NodeJS.Timeout
 }
 
 export class TurnRunner {
   private running: Running | undefined
 
-  constructor(private readonly env: TurnEnvironment) {}
+  constructor(
+    private readonly env: TurnEnvironment,
+    /** the guest's one turn slot, shared with the other kinds of turn */
+    private readonly slot: TurnSlot = new TurnSlot()
+  ) {}
 
   /** a shell command's turns can send raw output records (a configured agent's lines may be JSON events) */
   get rawOutput(): boolean {
     return this.env.agentArgv === undefined
   }
 
-  /** the turn being run, if any */
+  /** the shell or agent turn being run, if any */
   get current(): number | undefined {
-    return this.running?.turn
+    return this.running?.claim.turn
   }
 
   /**
@@ -245,8 +239,11 @@ export class TurnRunner {
    * records; a configured agent's turn still sends events (its lines may be JSON).
    */
   run(turn: number, text: string, sink: EventSink, output?: OutputSink): Promise<TurnOutcome> {
-    if (this.running !== undefined) {
-      return Promise.reject(new Error(`turn ${this.running.turn} is still running`))
+    let claim: TurnClaim
+    try {
+      claim = this.slot.claim(turn)
+    } catch (error) {
+      return Promise.reject(error)
     }
     const argv = this.env.agentArgv
     const [command, args] =
@@ -265,9 +262,10 @@ export class TurnRunner {
         ...(user === undefined ? {} : { uid: user.uid, gid: user.gid })
       })
     } catch (error) {
+      claim.release()
       return Promise.reject(error)
     }
-    const running: Running = { turn, child, cancelled: false }
+    const running: Running = { claim, child }
     this.running = running
 
     return new Promise<TurnOutcome>((resolve, reject) => {
@@ -278,6 +276,7 @@ export class TurnRunner {
       child.once("error", (error) => {
         if (!spawned) {
           this.running = undefined
+          claim.release()
           reject(error)
         }
       })
@@ -293,7 +292,9 @@ export class TurnRunner {
             ? pumpRecords(child.stdout!, "stdout", raw)
             : pumpChunks(child.stdout!, "stdout", sink)
       const err =
-        raw !== undefined ? pumpRecords(child.stderr!, "stderr", raw) : pumpChunks(child.stderr!, "stderr", sink)
+        raw !== undefined
+          ? pumpRecords(child.stderr!, "stderr", raw)
+          : pumpChunks(child.stderr!, "stderr", sink)
       const pumped = Promise.allSettled([out, err])
       child.once("exit", (code, signal) => {
         // leftovers of the turn (background jobs) die with it; their pipes then close
@@ -312,9 +313,9 @@ export class TurnRunner {
         ])
         void drained.then(() => {
           clearTimeout(drainTimer)
-          if (running.killTimer !== undefined) clearTimeout(running.killTimer)
+          claim.release()
           if (this.running === running) this.running = undefined
-          resolve({ exitCode: code, signal, cancelled: running.cancelled })
+          resolve({ exitCode: code, signal, cancelled: claim.cancelled })
         })
       })
     })
@@ -323,15 +324,8 @@ export class TurnRunner {
   /** SIGTERM the turn's process group, SIGKILL after the bound. False when `turn` is not running. */
   cancel(turn: number): boolean {
     const running = this.running
-    if (running === undefined || running.turn !== turn) return false
-    if (running.cancelled) return true
-    running.cancelled = true
-    killGroup(running.child.pid, "SIGTERM")
-    running.killTimer = setTimeout(
-      () => killGroup(running.child.pid, "SIGKILL"),
-      this.env.killAfterMs ?? 2000
-    )
-    running.killTimer.unref()
+    if (running === undefined || running.claim.turn !== turn) return false
+    running.claim.terminate((signal) => killGroup(running.child.pid, signal), this.env.killAfterMs)
     return true
   }
 
@@ -343,7 +337,7 @@ export class TurnRunner {
       if (running.child.exitCode !== null || running.child.signalCode !== null) resolve()
       else running.child.once("exit", () => resolve())
     })
-    this.cancel(running.turn)
+    this.cancel(running.claim.turn)
     await ended
   }
 

@@ -1,3 +1,4 @@
+import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as NodePath from "@effect/platform-node/NodePath"
 import * as NodeTerminal from "@effect/platform-node/NodeTerminal"
@@ -11,6 +12,8 @@ import { SessionStoreLive } from "./SessionStoreLive.js"
 /** Every abox service on this platform: what the SDK provides. */
 export const AboxLive = Layer.mergeAll(SessionStoreLive, SecretScrubberLive, LifecycleLive, LogToStderr).pipe(
   Layer.provideMerge(AboxPathsLive),
+  // host tools (git, mkfs.ext4, qemu-img…) run through Command (src/lib/command.ts)
+  Layer.provideMerge(NodeCommandExecutor.layer),
   Layer.provideMerge(Layer.merge(NodeFileSystem.layer, NodePath.layer))
 )
 

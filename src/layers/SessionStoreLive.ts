@@ -320,13 +320,20 @@ export const makeSessionStore = Effect.gen(function* () {
                 })
             }),
             (handle) =>
-              Effect.promise(async () => {
-                try {
-                  loadFsLock().unlock(handle.fd)
-                } finally {
-                  await handle.close().catch(() => undefined)
-                }
-              })
+              Effect.tryPromise({
+                try: async () => {
+                  try {
+                    loadFsLock().unlock(handle.fd)
+                  } finally {
+                    await handle.close().catch(() => undefined)
+                  }
+                },
+                catch: (cause) => cause
+              }).pipe(
+                // the lock goes with its descriptor, which is closed whatever the unlock did: a
+                // failed unlock is logged with its cause, not a defect of the write it guarded
+                Effect.catchAll((cause) => Effect.logWarning(`cannot unlock ${lockPath}`, cause))
+              )
           )
           return yield* use
         })

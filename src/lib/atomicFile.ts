@@ -74,6 +74,20 @@ const writeTemp = (file: string, bytes: Uint8Array, mode: number): Effect.Effect
     return temp
   })
 
+/**
+ * Removes a temporary file or directory (a failed step's, or one whose scope ends). It never
+ * fails the step it cleans up after: a removal that fails is logged with its cause (`abox gc`
+ * removes temp files left in a session directory), never a defect.
+ */
+export const removeTemp = (file: string): Effect.Effect<void> =>
+  Effect.tryPromise({
+    try: () => fs.rm(file, { recursive: true, force: true }),
+    catch: (cause) =>
+      new AtomicWriteError({ path: file, operation: "remove", reason: errorMessage(cause), cause })
+  }).pipe(
+    Effect.catchAll((error) => Effect.logWarning(`cannot remove ${file}: ${error.reason}`, error.cause))
+  )
+
 const removeQuietly = (file: string) =>
   Effect.promise(() => fs.rm(file, { force: true }).catch(() => undefined))
 

@@ -10,7 +10,7 @@ import * as path from "node:path"
 import { encodeConfigDisk } from "../protocol/ConfigDisk.js"
 import type { GuestConfig } from "../protocol/GuestConfig.js"
 import { DiskError } from "../domain/image.js"
-import { writeFileAtomic } from "./atomicFile.js"
+import { removeTemp, writeFileAtomic } from "./atomicFile.js"
 import { errorMessage } from "../domain/errorMessage.js"
 
 export type CloneMethod = "reflink" | "sparse-copy"
@@ -78,7 +78,7 @@ const reflinkTo = (source: string, temp: string, target: string) =>
   }).pipe(
     Effect.as(true),
     Effect.catchAll((cause) => {
-      const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+      const cleanup = removeTemp(temp)
       return isNoReflink(cause)
         ? cleanup.pipe(Effect.as(false))
         : cleanup.pipe(
@@ -101,7 +101,7 @@ const reflinkTo = (source: string, temp: string, target: string) =>
  */
 export const reflinkDisk = Effect.fn("disk.reflinkDisk")(function* (source: string, target: string) {
   const temp = tempBeside(target)
-  const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+  const cleanup = removeTemp(temp)
   if (!(yield* reflinkTo(source, temp, target))) return false
   yield* io(temp, "chmod", () => fs.chmod(temp, 0o600)).pipe(Effect.tapError(() => cleanup))
   yield* io(target, "rename", () => fs.rename(temp, target)).pipe(Effect.tapError(() => cleanup))
@@ -117,7 +117,7 @@ export const reflinkDisk = Effect.fn("disk.reflinkDisk")(function* (source: stri
 export const cloneDisk = Effect.fn("disk.cloneDisk")(function* (source: string, target: string) {
   const sourceStat = yield* io(source, "stat", () => fs.stat(source))
   const temp = tempBeside(target)
-  const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
+  const cleanup = removeTemp(temp)
   const reflinked = yield* reflinkTo(source, temp, target)
   let method: CloneMethod = "reflink"
   if (!reflinked) {

@@ -15,6 +15,7 @@ import {
   type GoldenImage,
   IMAGE_FORMAT,
   type ImageIdentityFields,
+  type ImageSource,
   ImageInUse,
   ImageJson,
   ImageNotFound,
@@ -26,6 +27,7 @@ import {
   IMAGE_META_FILE,
   KERNEL_IMAGE_FILE
 } from "../domain/sessionLayout.js"
+import type { EnvironmentRecord } from "../domain/environment.js"
 import { writeJsonAtomic } from "./atomicFile.js"
 import { errorMessage } from "../domain/errorMessage.js"
 
@@ -201,7 +203,8 @@ export const goldenOf = (image: RegisteredImage): GoldenImage => ({
   protocol: image.meta.protocol,
   kernel: path.join(image.dir, image.meta.files.kernel.file),
   initrd: path.join(image.dir, image.meta.files.initrd.file),
-  rootDisk: path.join(image.dir, image.meta.files.root.file)
+  rootDisk: path.join(image.dir, image.meta.files.root.file),
+  ...(image.meta.files.root.file.endsWith(".qcow2") ? { rootFormat: "qcow2" as const } : {})
 })
 
 /**
@@ -213,15 +216,23 @@ export const registerImage = Effect.fn("images.register")(function* (
   imagesDir: string,
   staging: string,
   identity: ImageIdentityFields,
-  options: { readonly makeDefault: boolean; readonly agentStart?: AgentStart | undefined }
+  options: {
+    readonly makeDefault: boolean
+    readonly agentStart?: AgentStart | undefined
+    readonly source?: ImageSource | undefined
+    /** the root's file name in `staging` (default root.raw; an environment image's is root.qcow2) */
+    readonly rootFile?: string | undefined
+    readonly environment?: EnvironmentRecord | undefined
+  }
 ) {
+  const rootFile = options.rootFile ?? IMAGE_FILES.root
   const hashOf = (file: string) =>
     Effect.all({
       sha256: sha256File(path.join(staging, file)),
       stat: io(file, "stat", () => fs.stat(path.join(staging, file)))
     })
   const [kernel, initrd, root] = yield* Effect.all(
-    [hashOf(IMAGE_FILES.kernel), hashOf(IMAGE_FILES.initrd), hashOf(IMAGE_FILES.root)],
+    [hashOf(IMAGE_FILES.kernel), hashOf(IMAGE_FILES.initrd), hashOf(rootFile)],
     { concurrency: 3 }
   )
   const shipsKernelImage = yield* io(KERNEL_IMAGE_FILE, "stat", () =>
@@ -240,7 +251,7 @@ export const registerImage = Effect.fn("images.register")(function* (
     files: {
       kernel: { file: IMAGE_FILES.kernel, sha256: kernel.sha256, size: kernel.stat.size },
       initrd: { file: IMAGE_FILES.initrd, sha256: initrd.sha256, size: initrd.stat.size },
-      root: { file: IMAGE_FILES.root, sha256: root.sha256, size: root.stat.size },
+      root: { file: rootFile, sha256: root.sha256, size: root.stat.size },
       ...(kernelImage === undefined
         ? {}
         : {
@@ -251,11 +262,15 @@ export const registerImage = Effect.fn("images.register")(function* (
             }
           })
     },
-    ...(options.agentStart === undefined ? {} : { agentStart: options.agentStart })
+    ...(options.agentStart === undefined ? {} : { agentStart: options.agentStart }),
+    ...(options.source === undefined ? {} : { source: options.source }),
+    ...(options.environment === undefined ? {} : { environment: options.environment })
   }
   // golden files are read-only: sessions clone them, nothing writes them
   for (const file of [
-    ...Object.values(IMAGE_FILES),
+    IMAGE_FILES.kernel,
+    IMAGE_FILES.initrd,
+    rootFile,
     ...(kernelImage === undefined ? [] : [KERNEL_IMAGE_FILE])
   ]) {
     yield* io(file, "chmod", () => fs.chmod(path.join(staging, file), 0o444))
@@ -280,6 +295,35 @@ export const registerImage = Effect.fn("images.register")(function* (
   if (options.makeDefault) yield* writeDefault(imagesDir, { name: identity.name, digest })
   return { dir: target, meta, isDefault: options.makeDefault } satisfies RegisteredImage
 })
+
+/**
+ * A reference as docker and skopeo complete it: `node:20` → `docker.io/library/node:20`,
+ * `ghcr.io/o/r` → `ghcr.io/o/r:latest` (a digest reference `…@sha256:…` keeps its digest).
+ */
+export const normalizeReference = (reference: string): string => {
+  const slash = reference.indexOf("/")
+  const first = slash === -1 ? "" : reference.slice(0, slash)
+  const hasDomain = first !== "" && (first.includes(".") || first.includes(":") || first === "localhost")
+  const domain = hasDomain ? first : "docker.io"
+  let rest = hasDomain ? reference.slice(slash + 1) : reference
+  if (domain === "docker.io" && !rest.includes("/")) rest = `library/${rest}`
+  const lastPart = rest.slice(rest.lastIndexOf("/") + 1)
+  if (!rest.includes("@") && !lastPart.includes(":")) rest = `${rest}:latest`
+  return `${domain}/${rest}`
+}
+
+/**
+ * The newest image imported from `reference` (`abox image import`; compared normalised, so
+ * `node:20` finds `docker.io/library/node:20`), or undefined.
+ */
+export const findImportedImage = (imagesDir: string, reference: string) =>
+  Effect.map(listImages(imagesDir), ({ images }) => {
+    const wanted = normalizeReference(reference)
+    return images.find(
+      (image) =>
+        image.meta.source?.reference !== undefined && normalizeReference(image.meta.source.reference) === wanted
+    )
+  })
 
 /**
  * remove `name@digest`; refuses the default unless `force` (then the pointer goes too). Sessions

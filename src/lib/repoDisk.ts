@@ -19,7 +19,6 @@
  * chown thousands of files under emulation.
  */
 import * as Effect from "effect/Effect"
-import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { DiskError } from "../domain/image.js"
@@ -28,6 +27,8 @@ import { alignDiskSize, checkFreeSpace } from "./disk.js"
 import type { SourceScan } from "./snapshot.js"
 import { sessionFile } from "../domain/sessionLayout.js"
 import { findExecutable } from "./executable.js"
+import { runCommand } from "./command.js"
+import { errorMessage } from "../domain/errorMessage.js"
 
 /** uid:gid of the repository user in abox images (images/build-*.sh: `agent`, 1000:1000) */
 export const REPO_OWNER = { uid: 1000, gid: 1000 } as const
@@ -94,38 +95,32 @@ const diskError = (file: string, reason: string, message: string) =>
 
 /** runs a tool to its end (killed if interrupted); stdout returned, stderr in the error */
 export const runTool = (file: string, command: string, args: ReadonlyArray<string>, input?: string) =>
-  Effect.async<string, DiskError>((resume) => {
-    const child = spawn(command, args, {
-      stdio: [input === undefined ? "ignore" : "pipe", "pipe", "pipe"],
-      env: { PATH: process.env.PATH ?? "/usr/bin:/bin", LANG: "C" }
-    })
-    let stdout = ""
-    let stderr = ""
-    child.stdout?.on("data", (chunk: Buffer) => {
-      stdout += chunk.toString("utf8")
-    })
-    child.stderr?.on("data", (chunk: Buffer) => {
-      if (stderr.length < 16384) stderr += chunk.toString("utf8")
-    })
-    child.once("error", (cause) =>
-      resume(Effect.fail(diskError(file, "tool", `${command}: ${cause.message}`)))
-    )
-    child.once("close", (code) =>
-      resume(
-        code === 0
-          ? Effect.succeed(stdout)
-          : Effect.fail(
-              diskError(
-                file,
-                "tool",
-                `${path.basename(command)} exited ${code}: ${stderr.trim().slice(-2000)}`
-              )
+  runCommand(command, args, { input, env: { PATH: process.env.PATH ?? "/usr/bin:/bin", LANG: "C" } }).pipe(
+    Effect.catchTags({
+      CommandNotRun: (error) =>
+        Effect.fail(
+          new DiskError({
+            path: file,
+            reason: "tool",
+            message: `${command}: ${errorMessage(error.cause)}`,
+            cause: error
+          })
+        ),
+      // no limit is given: never happens
+      CommandOutputTooLarge: (error) => Effect.die(error)
+    }),
+    Effect.flatMap((result) =>
+      result.exitCode === 0
+        ? Effect.succeed(result.stdout.toString("utf8"))
+        : Effect.fail(
+            diskError(
+              file,
+              "tool",
+              `${path.basename(command)} exited ${result.exitCode}: ${result.stderr.trim().slice(-2000)}`
             )
-      )
+          )
     )
-    if (input !== undefined) child.stdin?.end(input)
-    return Effect.sync(() => void child.kill("SIGKILL"))
-  })
+  )
 
 /** the inodes in use (≥ 11, the first non-reserved), from dumpe2fs's per-group free ranges */
 export const usedInodes = (dumpe2fs: string): ReadonlyArray<number> => {
@@ -254,3 +249,13 @@ export const buildRepoDisks = Effect.fn("repoDisk.build")(function* (
   })
   return { repo: files.repo, repoFormat: format, base: files.base } satisfies RepoDisks
 })
+
+/** removes a session's repository disks (a warm restore that failed: they are made again) */
+export const removeRepoDisks = (dir: string): Effect.Effect<void> =>
+  Effect.promise(() =>
+    Promise.all(
+      [sessionFile(dir, "repoBase"), sessionFile(dir, "repoQcow2"), sessionFile(dir, "repoRaw")].map((file) =>
+        fs.rm(file, { force: true })
+      )
+    )
+  ).pipe(Effect.asVoid)

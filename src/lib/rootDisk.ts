@@ -57,11 +57,15 @@ export const qemuImgTool = Effect.flatMap(findTool("qemu-img"), (found) =>
 const temporary = (target: string): string =>
   path.join(path.dirname(target), `.${path.basename(target)}.tmp-${crypto.randomBytes(6).toString("hex")}`)
 
-/** `root.qcow2` over `golden` (absolute path, raw), mode 0600, made under a temporary name */
+/**
+ * `root.qcow2` over `golden` (absolute path; raw, or qcow2 for an environment image's overlay),
+ * mode 0600, made under a temporary name
+ */
 export const createOverlay = Effect.fn("rootDisk.createOverlay")(function* (
   qemuImg: string,
   golden: string,
-  target: string
+  target: string,
+  backingFormat: DiskFormat = "raw"
 ) {
   const temp = temporary(target)
   const cleanup = Effect.promise(() => fs.rm(temp, { force: true }))
@@ -71,7 +75,7 @@ export const createOverlay = Effect.fn("rootDisk.createOverlay")(function* (
     "-f",
     "qcow2",
     "-F",
-    "raw",
+    backingFormat,
     "-b",
     path.resolve(golden),
     "-o",
@@ -87,12 +91,25 @@ export const createOverlay = Effect.fn("rootDisk.createOverlay")(function* (
  * the backend attaches qcow2 (`overlay`), an overlay of the golden; else a sparse copy.
  */
 export const makeRootDisk = Effect.fn("rootDisk.make")(function* (
-  image: Pick<GoldenImage, "rootDisk" | "identity">,
+  image: Pick<GoldenImage, "rootDisk" | "identity" | "rootFormat">,
   dir: string,
   overlay: boolean
 ) {
   const raw = sessionFile(dir, "rootDisk")
   const backing = image.identity.digest
+  if (image.rootFormat === "qcow2") {
+    // an environment image: its root is an overlay itself, so a session's is one over it
+    if (!overlay) {
+      return yield* new DiskError({
+        path: image.rootDisk,
+        reason: "format",
+        message: `${image.identity.name} is an environment image (a qcow2 overlay): this VMM backend boots raw root disks only`
+      })
+    }
+    const file = sessionFile(dir, "rootQcow2")
+    yield* createOverlay(yield* qemuImgTool, image.rootDisk, file, "qcow2")
+    return { file, info: { format: "qcow2", kind: "overlay", backing } } satisfies RootDisk
+  }
   if (overlay) {
     if (yield* reflinkDisk(image.rootDisk, raw)) {
       return { file: raw, info: { format: "raw", kind: "reflink", backing } } satisfies RootDisk

@@ -126,7 +126,9 @@ export const SuperviseSpec = Schema.Struct({
     Schema.Struct({
       source: Schema.String,
       name: Schema.optional(Schema.String),
-      image: Schema.optional(Schema.String)
+      image: Schema.optional(Schema.String),
+      /** `--allow-env-hosts`: grant the hosts the repository's environment asks for */
+      allowEnvHosts: Schema.optional(Schema.Boolean)
     })
   ),
   resume: Schema.optional(Schema.String),
@@ -327,6 +329,8 @@ export interface StopOptions {
   readonly timeout?: Duration.DurationInput | undefined
   /** after SIGTERM, how long before SIGKILL (default 30 s) */
   readonly terminateWait?: Duration.DurationInput | undefined
+  /** save the VM's memory first (`abox suspend`): the next start restores it */
+  readonly suspend?: boolean | undefined
 }
 
 /** is a process with this pid still there? */
@@ -356,7 +360,10 @@ export const stop = Effect.fn("detached.stop")(function* (ref: string, options: 
   return yield* Effect.scoped(
     Effect.gen(function* () {
       const connection = yield* connect(ref)
-      const reply = yield* ask(connection, { type: "stop" })
+      const reply = yield* ask(connection, {
+        type: "stop",
+        ...(options.suspend === true ? { suspend: true } : {})
+      })
       if (reply.type !== "stopping")
         return yield* new ControlError({
           reason: "protocol",

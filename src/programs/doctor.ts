@@ -1,10 +1,12 @@
 import * as Chunk from "effect/Chunk"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
+import * as Option from "effect/Option"
 import * as Stream from "effect/Stream"
-import { execFile } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
+import { runCommand } from "../lib/command.js"
 import { writeConfigDisk } from "../lib/disk.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { findExecutable } from "../lib/executable.js"
@@ -29,14 +31,20 @@ export interface Check {
   readonly detail: string
 }
 
-// Raw node:child_process: a version probe needs nothing more than execFile with a timeout.
+/** a tool's output (stdout and stderr), found by the user's PATH; killed after 10 s; undefined if it cannot run */
+const output = (command: string, args: ReadonlyArray<string>) =>
+  runCommand(command, args, { env: { PATH: process.env.PATH ?? "/usr/bin:/bin", LANG: "C" } }).pipe(
+    Effect.timeoutOption(Duration.seconds(10)),
+    Effect.map(Option.getOrUndefined),
+    // not installed or not executable: the check says so
+    Effect.orElseSucceed(() => undefined)
+  )
+
+/** a version probe: the first line of a clean run's stdout */
 const probe = (command: string, args: ReadonlyArray<string>) =>
-  Effect.async<string | undefined>((resume) => {
-    const child = execFile(command, [...args], { timeout: 10_000 }, (error, stdout) =>
-      resume(Effect.succeed(error === null ? stdout.split("\n")[0]?.trim() : undefined))
-    )
-    return Effect.sync(() => child.kill())
-  })
+  Effect.map(output(command, args), (result) =>
+    result?.exitCode === 0 ? result.stdout.toString("utf8").split("\n")[0]?.trim() : undefined
+  )
 
 const GiB = 1024 ** 3
 
@@ -233,15 +241,9 @@ const vfkitCheck = (wanted: string) =>
         status: "ok",
         detail: `${found} (${version}; not macOS: signature not checked)`
       } as Check
-    const entitlements = yield* Effect.async<string>((resume) => {
-      const child = execFile(
-        "codesign",
-        ["-d", "--entitlements", "-", "--xml", found],
-        { timeout: 10_000 },
-        (_error, stdout, stderr) => resume(Effect.succeed(`${stdout}${stderr}`))
-      )
-      return Effect.sync(() => child.kill())
-    })
+    const signature = yield* output("codesign", ["-d", "--entitlements", "-", "--xml", found])
+    const entitlements =
+      signature === undefined ? "" : `${signature.stdout.toString("utf8")}${signature.stderr}`
     return entitlements.includes("com.apple.security.virtualization")
       ? ({
           name: "vfkit",

@@ -1,4 +1,5 @@
 import * as Command from "@effect/platform/Command"
+import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
@@ -96,7 +97,7 @@ const RECIPE_BUILD_MARK = "abox-phase: build"
 
 const fail = (step: string, message: string) => new ImageBuildFailed({ step, message })
 /** the accelerator a session VM gets here: ABOX_QEMU_ACCEL, else what QemuVmm's `auto` picks */
-const sessionAccel = (arch: GuestArch): Effect.Effect<Accel, ConfigInvalid> =>
+const sessionAccel = (arch: GuestArch): Effect.Effect<Accel, ConfigInvalid, CommandExecutor.CommandExecutor> =>
   Effect.flatMap(readEnv(qemuAccel), (wanted) =>
     wanted === "kvm" || wanted === "tcg"
       ? Effect.succeed(wanted)
@@ -368,6 +369,18 @@ export const imageRemove = Effect.fn("image.rm")(function* (
       ref,
       sessions: users.map((user) => user.row.id),
       message: `${shown} is used by ${users.length} session${users.length === 1 ? "" : "s"} (${describeUsers(users)}); removing it would leave them unbootable. --force makes each standalone first (its disk made self-contained, its kernel and initrd copied beside it)`
+    })
+  }
+  // environment images are overlays over their base's root.raw: the base stays while one does
+  const layered = (yield* listImages(paths.images)).images.filter(
+    (other) => other.meta.environment?.base.digest === image.meta.digest
+  )
+  if (layered.length > 0) {
+    return yield* new ImageInUse({
+      ref,
+      message: `${shown} is the base of ${layered.length} environment image${layered.length === 1 ? "" : "s"} (${layered
+        .map((other) => `${other.meta.name}@${other.meta.digest.slice(0, 12)}`)
+        .join(", ")}); remove them first (abox env rm <dir>, or abox image rm)`
     })
   }
   const legacy = users.filter((user) => user.row.legacy)

@@ -14,12 +14,13 @@
  * compare two trees made from them with no filters and no configuration of the user's.
  */
 import * as Effect from "effect/Effect"
-import { spawn } from "node:child_process"
 import { createHash } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { isGitName, safeComponents } from "../guest/extract.js"
+import { removeTemp } from "../lib/atomicFile.js"
+import { runCommand } from "../lib/command.js"
 import { DEFAULT_LIMITS, DIFF_LIMITS, extractUntrusted } from "../lib/hostExtract.js"
 import { scanSource, tarSnapshot } from "../lib/snapshot.js"
 import type { GuestConnection } from "../services/GuestRpc.js"
@@ -39,6 +40,9 @@ import { errorMessage } from "../domain/errorMessage.js"
 export const DIFF_EXCLUDE = [".git"]
 
 const tool = (name: string, message: string) => new RepoToolFailed({ tool: name, message })
+/** a host step that failed underneath: its message, and the failure itself as the cause */
+const toolFailed = (name: string, message: string, cause: unknown) =>
+  new RepoToolFailed({ tool: name, message: `${message}: ${errorMessage(cause)}`, cause })
 
 /** a scoped temporary directory (removed with the scope) */
 const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
@@ -47,7 +51,7 @@ const tempDir = (parent: string = os.tmpdir(), prefix = "abox-") =>
       try: () => fs.mkdtemp(path.join(parent, prefix)),
       catch: (cause) => tool("fs", `cannot create a temporary directory in ${parent}: ${errorMessage(cause)}`)
     }),
-    (dir) => Effect.promise(() => fs.rm(dir, { recursive: true, force: true }))
+    (dir) => removeTemp(dir)
   )
 
 /**
@@ -67,60 +71,44 @@ const git = (
     readonly maxOutput?: number
   } = {}
 ) =>
-  Effect.async<Buffer, RepoToolFailed | ArchiveRefused>((resume) => {
-    const child = spawn("git", args, {
-      cwd: options.cwd,
-      stdio: ["pipe", "pipe", "pipe"],
-      env: {
-        PATH: process.env.PATH ?? "/usr/bin:/bin",
-        HOME: os.tmpdir(),
-        LANG: "C",
-        GIT_CONFIG_NOSYSTEM: "1",
-        GIT_CONFIG_GLOBAL: "/dev/null",
-        GIT_TERMINAL_PROMPT: "0",
-        GIT_PAGER: "cat",
-        ...options.env
-      }
-    })
-    const out: Array<Buffer> = []
-    let size = 0
-    let overflow = false
-    let stderr = ""
-    child.stdout.on("data", (chunk: Buffer) => {
-      if (overflow) return
-      size += chunk.length
-      if (options.maxOutput !== undefined && size > options.maxOutput) {
-        overflow = true
-        out.length = 0
-        child.kill("SIGKILL")
-        return
-      }
-      out.push(chunk)
-    })
-    child.stderr.on("data", (chunk: Buffer) => {
-      if (stderr.length < 16384) stderr += chunk.toString("utf8")
-    })
-    child.stdin.on("error", () => undefined)
-    child.once("error", (cause) =>
-      resume(Effect.fail(tool("git", `git is needed on the host for this: ${cause.message}`)))
+  runCommand("git", args, {
+    cwd: options.cwd,
+    input: options.input,
+    maxOutput: options.maxOutput,
+    env: {
+      PATH: process.env.PATH ?? "/usr/bin:/bin",
+      HOME: os.tmpdir(),
+      LANG: "C",
+      GIT_CONFIG_NOSYSTEM: "1",
+      GIT_CONFIG_GLOBAL: "/dev/null",
+      GIT_TERMINAL_PROMPT: "0",
+      GIT_PAGER: "cat",
+      ...options.env
+    }
+  }).pipe(
+    Effect.catchTags({
+      CommandNotRun: (error) =>
+        Effect.fail(
+          new RepoToolFailed({
+            tool: "git",
+            message: `git is needed on the host for this: ${errorMessage(error.cause)}`,
+            cause: error
+          })
+        ),
+      CommandOutputTooLarge: (error) =>
+        Effect.fail(
+          new ArchiveRefused({
+            reason: "patch too big",
+            message: `the patch is larger than ${error.limit} bytes: limit the diff to paths (-- <path>), or take big files out with abox cp`
+          })
+        )
+    }),
+    Effect.flatMap((result) =>
+      result.exitCode === 0
+        ? Effect.succeed(result.stdout)
+        : Effect.fail(tool("git", `git ${args[0]} exited ${result.exitCode}: ${result.stderr.trim()}`))
     )
-    child.once("close", (code) =>
-      resume(
-        overflow
-          ? Effect.fail(
-              new ArchiveRefused({
-                reason: "patch too big",
-                message: `the patch is larger than ${options.maxOutput} bytes: limit the diff to paths (-- <path>), or take big files out with abox cp`
-              })
-            )
-          : code === 0
-            ? Effect.succeed(Buffer.concat(out))
-            : Effect.fail(tool("git", `git ${args[0]} exited ${code}: ${stderr.trim()}`))
-      )
-    )
-    child.stdin.end(options.input ?? "")
-    return Effect.sync(() => void child.kill("SIGKILL"))
-  })
+  )
 
 /** a relative path inside the repository (no `..`, not absolute), normalised; "" is the root */
 export const repoPath = (given: string): Effect.Effect<string, RepoPathInvalid> => {
@@ -242,9 +230,10 @@ const fetchTrees = (connection: GuestConnection) =>
       repo,
       limits
     )
-    yield* Effect.promise(() =>
-      Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })])
-    )
+    yield* Effect.tryPromise({
+      try: () => Promise.all([fs.mkdir(base, { recursive: true }), fs.mkdir(repo, { recursive: true })]),
+      catch: (cause) => toolFailed("fs", `cannot create the trees to compare in ${work}`, cause)
+    })
     yield* git(["init", "-q", "--bare", gitDir])
     const baseTree = yield* writeTree(gitDir, base, work)
     const repoTree = yield* writeTree(gitDir, repo, work)
@@ -621,7 +610,10 @@ export const writeFile = Effect.fn("repo.writeFile")(function* (
         try: () => fs.writeFile(file, data, { mode }),
         catch: (cause) => tool("fs", `cannot stage ${guestPath}: ${errorMessage(cause)}`)
       })
-      yield* Effect.promise(() => fs.chmod(file, mode))
+      yield* Effect.tryPromise({
+        try: () => fs.chmod(file, mode),
+        catch: (cause) => toolFailed("fs", `cannot stage ${guestPath}`, cause)
+      })
       const dir = path.posix.dirname(rel)
       const tar = tarSnapshot(staging, [path.posix.basename(rel)]).tar
       return yield* connection.transfer(tar, dir === "." ? GUEST_REPO : `${GUEST_REPO}/${dir}`)
@@ -646,23 +638,27 @@ export const listFiles = Effect.fn("repo.listFiles")(function* (connection: Gues
         connection.exportTree({ tree: "repo", paths: rel === "" ? [] : [rel] }),
         staging
       )
-      return yield* Effect.promise(async () => {
-        const out: Array<RepoEntry> = []
-        const pending = [rel]
-        while (pending.length > 0) {
-          const dir = pending.pop()!
-          const names = await fs.readdir(path.join(staging, dir)).catch(() => [])
-          for (const name of names.sort()) {
-            const relPath = dir === "" ? name : `${dir}/${name}`
-            const stat = await fs.lstat(path.join(staging, relPath))
-            const type = stat.isDirectory() ? "directory" : stat.isSymbolicLink() ? "symlink" : "file"
-            out.push({ path: relPath, type, size: stat.isFile() ? stat.size : 0, mode: stat.mode & 0o7777 })
-            if (type === "directory") pending.push(relPath)
+      return yield* Effect.tryPromise({
+        try: async () => {
+          const out: Array<RepoEntry> = []
+          const pending = [rel]
+          while (pending.length > 0) {
+            const dir = pending.pop()!
+            const names = await fs.readdir(path.join(staging, dir)).catch(() => [])
+            for (const name of names.sort()) {
+              const relPath = dir === "" ? name : `${dir}/${name}`
+              const stat = await fs.lstat(path.join(staging, relPath))
+              const type = stat.isDirectory() ? "directory" : stat.isSymbolicLink() ? "symlink" : "file"
+              out.push({ path: relPath, type, size: stat.isFile() ? stat.size : 0, mode: stat.mode & 0o7777 })
+              if (type === "directory") pending.push(relPath)
+            }
           }
-        }
-        return out.sort((a, b) =>
-          a.path < b.path ? -1 : a.path > b.path ? 1 : 0
-        ) as ReadonlyArray<RepoEntry>
+          return out.sort((a, b) =>
+            a.path < b.path ? -1 : a.path > b.path ? 1 : 0
+          ) as ReadonlyArray<RepoEntry>
+        },
+        catch: (cause) =>
+          toolFailed("fs", `cannot list the guest's ${guestPath === "" ? "repository" : guestPath}`, cause)
       })
     })
   )

@@ -12,7 +12,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
-import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
+import { buildRepoDisks, existingRepoDisks, removeRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
 import { checkOverlay, copyWarmRoot, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
 import { warmSnapshotFor } from "./warm.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
@@ -39,7 +39,9 @@ import { type GoldenImage } from "../domain/image.js"
 import { RuntimeLock, type HeldLock } from "../services/RuntimeLock.js"
 import { SessionStore, StoreIoError, type SessionMeta } from "../services/SessionStore.js"
 import { VmmBackend } from "../services/VmmBackend.js"
-import { VmmError, type CloseBounds, type RepoDisks, type VmHandle } from "../domain/vm.js"
+import { VmmError, type CloseBounds, type RepoDisks, type VmHandle, type VmSpec } from "../domain/vm.js"
+import type { StateManifest } from "../domain/memoryState.js"
+import { restoreSaved, suspendVm, SuspendRefused, type SuspendError } from "./suspend.js"
 import { hostArch } from "../lib/arch.js"
 import { type BrokerPolicy, withRules } from "../broker/policy.js"
 import {
@@ -53,6 +55,7 @@ import {
 import * as Config from "effect/Config"
 import * as Either from "effect/Either"
 import { checkCompatibility } from "./compat.js"
+import { EnvironmentInstallFailed } from "../domain/environment.js"
 
 /** A running session: the VM is up, the guest said hello. Closing its scope is Close. */
 export interface Session {
@@ -79,6 +82,13 @@ export interface Session {
   readonly modelSpec?: ModelSpec | undefined
   /** source entries the snapshot left out (sockets, fifos, devices); empty on resume */
   readonly skipped: ReadonlyArray<string>
+  /**
+   * save the VM's memory beside its disks and end the VM (no turn may run): the next
+   * resume restores it, processes and all. Close the session's scope afterwards, as ever.
+   */
+  readonly suspend: Effect.Effect<StateManifest, SuspendError>
+  /** this boot restored a saved memory state (false: a cold boot) */
+  readonly restored: boolean
 }
 
 export type TurnMode = "shell" | "prompt"
@@ -111,6 +121,14 @@ export interface BootOptions {
    * `ABOX_WARM=0`); where it cannot be used, Open boots and says why at debug level
    */
   readonly warm?: boolean | undefined
+  /** variables for turn processes (the repository's environment; docs/environments.md) */
+  readonly env?: Readonly<Record<string, string>> | undefined
+  /**
+   * an environment's setup VM: turns run as root, the repository is read-only, no conversation
+   * is kept, and the model's provider rules stay out of the broker's policy (no credential the
+   * user did not grant reaches the setup)
+   */
+  readonly setup?: boolean | undefined
 }
 
 /** how far a transfer is: bytes (and files, where known) of the totals */
@@ -121,7 +139,7 @@ export interface TransferProgress {
   readonly totalBytes: number
 }
 
-export type Phase = "snapshot" | "clone" | "config" | "boot" | "transfer" | "ready"
+export type Phase = "snapshot" | "environment" | "clone" | "config" | "boot" | "transfer" | "install" | "ready"
 
 const phase = (options: BootOptions, name: Phase): Effect.Effect<void> =>
   Effect.suspend(() => {
@@ -133,6 +151,13 @@ export interface OpenOptions extends BootOptions {
   readonly source: string
   readonly name?: string | undefined
   readonly image?: string | undefined
+  /**
+   * a shell command run as the repository user once the repository is in (the environment's
+   * `install`); a non-zero status fails the Open (EnvironmentInstallFailed), nothing is kept
+   */
+  readonly install?: string | undefined
+  /** told each chunk of the install command's output */
+  readonly onInstallOutput?: ((event: TurnEvent) => Effect.Effect<void>) | undefined
 }
 
 export const DEFAULT_MODEL = "default"
@@ -205,7 +230,7 @@ const writeConfig = Effect.fn("session.writeConfig")(function* (
 export const DENY_ALL: BrokerPolicy = { format: 1, allow: [], credentials: [], resolve: {} }
 
 /** `$ABOX_HOME/broker.json` when the user wrote one, else deny everything */
-const defaultPolicy = Effect.gen(function* () {
+export const defaultPolicy = Effect.gen(function* () {
   const paths = yield* AboxPaths
   const broker = yield* HttpsBroker
   const file = paths.homeFile("brokerPolicy")
@@ -280,6 +305,8 @@ const guestConfigFor = (
     )
   ],
   ...(options.agent !== undefined ? { agent: { argv: [...options.agent] } } : {}),
+  ...(options.env !== undefined && Object.keys(options.env).length > 0 ? { env: { ...options.env } } : {}),
+  ...(options.setup === true ? { setup: true } : {}),
   ...(options.ignoreShutdown === true ? { ignoreShutdown: true } : {})
 })
 
@@ -298,7 +325,7 @@ const boot = Effect.fn("session.boot")(function* (
   recordedPolicy: BrokerPolicy,
   repoDisks: RepoDisks | undefined,
   /** restore this warm state instead of booting; the config goes as the first message */
-  warm?: { readonly state: string } | undefined
+  warm?: { readonly state: string; readonly manifest: StateManifest } | undefined
 ) {
   const store = yield* SessionStore
   const vmm = yield* VmmBackend
@@ -308,7 +335,10 @@ const boot = Effect.fn("session.boot")(function* (
   const root = sessionRootDisk(dir, meta.rootDisk)
 
   yield* phase(options, "config")
-  const model = yield* modelAndPolicy(options.model ?? DEFAULT_MODEL, recordedPolicy)
+  const model =
+    options.setup === true
+      ? { spec: undefined, policy: recordedPolicy }
+      : yield* modelAndPolicy(options.model ?? DEFAULT_MODEL, recordedPolicy)
   const policy = model.policy
   // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
   const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
@@ -344,9 +374,9 @@ const boot = Effect.fn("session.boot")(function* (
   const listener = yield* rpc.listen(files.rpcSocket, {
     helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
     shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT,
-    ...(warm === undefined ? {} : { handoff: { config } })
+    ...(warm === undefined ? {} : { handoff: { config, repoDisks: repoDisks !== undefined } })
   })
-  const vm = yield* vmm.start({
+  const spec: VmSpec = {
     sessionId: meta.id,
     sessionDir: dir,
     arch: image.arch,
@@ -362,8 +392,25 @@ const boot = Effect.fn("session.boot")(function* (
     lockFd: lock.fd,
     bounds: { ...DEFAULT_BOUNDS, ...options.bounds },
     ...(repoDisks === undefined ? {} : { repoDisks }),
-    ...(warm === undefined ? {} : { warm: { incoming: warm.state } })
-  })
+    ...(warm === undefined ? {} : { warm: true })
+  }
+  // a warm open: the image's warm state in the warm layout (the repository disks plugged in
+  // after the load); else a suspended session's saved memory when it still fits (else a cold
+  // boot, said why)
+  const restored =
+    warm === undefined
+      ? yield* restoreSaved(vmm, spec, meta.image?.digest ?? "", (message) => Effect.logWarning(message))
+      : Option.none<VmHandle>()
+  const vm =
+    warm !== undefined && vmm.restore !== undefined
+      ? yield* vmm.restore(spec, {
+          statePath: warm.state,
+          manifest: warm.manifest,
+          imageDigest: meta.image?.digest ?? ""
+        })
+      : Option.isSome(restored)
+        ? restored.value
+        : yield* vmm.start(spec)
   yield* Ref.set(vmRef, Option.some(vm))
 
   // A VM that dies before its hello is reported at once, not after the hello timeout.
@@ -384,9 +431,13 @@ const boot = Effect.fn("session.boot")(function* (
       )
     )
   )
-  const connection = yield* Effect.raceFirst(listener.accept, died)
+  const connection = yield* Effect.raceFirst(
+    // a restored guest trusts the CA it booted with until it hears this process's own
+    Option.isSome(restored) ? listener.acceptResumed({ brokerCaCert: broker.caCertPem }) : listener.accept,
+    died
+  )
   yield* Effect.forkScoped(broker.serve(connection.tunnels))
-  return { connection, broker, modelSpec: model.spec }
+  return { connection, broker, modelSpec: model.spec, vm, restored: Option.isSome(restored) }
 })
 
 /**
@@ -433,12 +484,21 @@ const sessionFrom = (
     readonly connection: GuestConnection
     readonly broker: BrokerSession
     readonly modelSpec?: ModelSpec | undefined
+    readonly vm: VmHandle
+    readonly restored: boolean
   },
   skipped: ReadonlyArray<string>
 ): Session => {
   const { connection, broker } = booted
   // turns are numbered after the ones the guest remembers, so broker.log lines up with context.json
   let turns = connection.hello.contextTurns ?? 0
+  // turns running now: a suspend waits for none
+  let running = 0
+  const counted = <A, E, R>(stream: Stream.Stream<A, E, R>) =>
+    Stream.ensuring(
+      Stream.unwrap(Effect.sync(() => (running += 1)).pipe(Effect.as(stream))),
+      Effect.sync(() => (running -= 1))
+    )
   return {
     id: meta.id,
     dir,
@@ -462,7 +522,7 @@ const sessionFrom = (
         Effect.acquireRelease(
           Effect.suspend(() => broker.setTurn(++turns)),
           () => broker.setTurn(undefined)
-        ).pipe(Effect.as(connection.turn(text, mode, limits)))
+        ).pipe(Effect.as(counted(connection.turn(text, mode, limits))))
       ).pipe(Stream.withSpan("Session.turn", { attributes: { session: meta.id, mode: mode ?? "shell" } }))
     },
     ttyTurn: (text, request) =>
@@ -473,15 +533,73 @@ const sessionFrom = (
             Effect.acquireRelease(
               Effect.suspend(() => broker.setTurn(++turns)),
               () => broker.setTurn(undefined)
-            ).pipe(Effect.as(connection.ttyTurn(text, request)))
+            ).pipe(Effect.as(counted(connection.ttyTurn(text, request))))
           ).pipe(Stream.withSpan("Session.ttyTurn", { attributes: { session: meta.id } })),
     modelSpec: booted.modelSpec,
-    skipped
+    skipped,
+    suspend: Effect.suspend(() =>
+      running > 0
+        ? Effect.fail(
+            new SuspendRefused({ reason: "busy", message: "a turn is running: suspend once it has ended" })
+          )
+        : suspendVm(booted.vm, connection.hello, dir, meta.image?.digest ?? "")
+    ),
+    restored: booted.restored
   }
 }
 
 /** a restored guest answers within seconds: one that does not is given up for a boot */
 const WARM_HELLO_TIMEOUT = Duration.minutes(1)
+
+/** the last `max` characters of a turn's output, cut at a line where one is near */
+export const outputTail = (text: string, max = 4000): string => {
+  if (text.length <= max) return text
+  const cut = text.slice(-max)
+  const line = cut.indexOf("\n")
+  return line === -1 || line > 200 ? cut : cut.slice(line + 1)
+}
+
+/**
+ * One shell turn to its end: its output as it comes to `onOutput`, its status and the tail of its
+ * output (stdout and stderr as they came) returned.
+ */
+export const runCollecting = (
+  session: Pick<Session, "turn">,
+  command: string,
+  onOutput: ((event: TurnEvent) => Effect.Effect<void>) | undefined
+) =>
+  Effect.gen(function* () {
+    let text = ""
+    let end: Extract<TurnEvent, { _tag: "End" }> | undefined
+    yield* session.turn(command).pipe(
+      Stream.runForEach((event) => {
+        if (event._tag === "End") end = event
+        else if (event.event.kind === "stdout" || event.event.kind === "stderr") {
+          text = outputTail(text + event.event.data, 64 * 1024)
+        }
+        return onOutput?.(event) ?? Effect.void
+      })
+    )
+    return { exitCode: end?.exitCode ?? null, signal: end?.signal ?? null, tail: outputTail(text) }
+  })
+
+const runInstall = (
+  session: Session,
+  command: string,
+  source: string,
+  onOutput: ((event: TurnEvent) => Effect.Effect<void>) | undefined
+) =>
+  Effect.gen(function* () {
+    const result = yield* runCollecting(session, command, onOutput)
+    if (result.exitCode !== 0) {
+      return yield* new EnvironmentInstallFailed({
+        source,
+        exitCode: result.exitCode,
+        logTail: result.tail,
+        message: `the environment's install command failed (${result.exitCode === null ? `signal ${result.signal}` : `exit ${result.exitCode}`}): ${command}\n${result.tail}`
+      })
+    }
+  })
 
 /**
  * Runs `build` in a scope of its own, forked from the caller's: on success its resources join
@@ -598,8 +716,20 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     Effect.gen(function* () {
       const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
-      // warm: the snapshot's root copied, the VM restored, the repository sent as a tar after
-      // the hello (the snapshot has no repository disk); a restore that fails boots instead
+      // the snapshot as a disk built here (no per-file work in the guest), where the backend
+      // attaches one and the tools are present; else a tar streamed in after the hello
+      const makeDisks = Effect.gen(function* () {
+        if (vmm.repoDiskFormat === undefined || tools === undefined) return undefined
+        yield* phase(options, "transfer")
+        yield* progress(false)
+        const built = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
+        if (built !== undefined) yield* progress(true)
+        return built
+      })
+      let disks: RepoDisks | undefined = yield* makeDisks
+      // warm: the snapshot's root copied, the VM restored, the repository disks plugged in; a
+      // restore that fails boots instead, from disks made anew (the failed guest may have
+      // mounted them)
       const restored =
         warm._tag === "Cold"
           ? undefined
@@ -620,38 +750,31 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
                     )
                   },
                   policy,
-                  undefined,
-                  { state: warm.state }
+                  disks,
+                  { state: warm.state, manifest: warm.manifest }
                 )
                 return { made, booted }
               })
             ).pipe(
               Effect.tapError((error) =>
-                Effect.logDebug(
-                  `open: the warm snapshot ${warm.dir} did not restore, booting: ${error.message}`
-                )
+                Effect.logDebug(`open: the warm snapshot ${warm.dir} did not restore, booting: ${error.message}`)
               ),
               Effect.option,
               Effect.map(Option.getOrUndefined)
             )
       let made: SessionMeta
       let booted: Effect.Effect.Success<ReturnType<typeof boot>>
-      // the snapshot as a disk built here (no per-file work in the guest), where the backend
-      // attaches one and the tools are present; else a tar streamed in after the hello
-      let disks: RepoDisks | undefined = undefined
       if (restored !== undefined) {
         made = restored.made
         booted = restored.booted
       } else {
+        if (warm._tag === "Warm" && disks !== undefined) {
+          yield* removeRepoDisks(dir)
+          disks = yield* makeDisks
+        }
         // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
         const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
         made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
-        if (vmm.repoDiskFormat !== undefined && tools !== undefined) {
-          yield* phase(options, "transfer")
-          yield* progress(false)
-          disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
-          if (disks !== undefined) yield* progress(true)
-        }
         booted = yield* boot(made, dir, image, held, options, policy, disks)
       }
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
@@ -676,8 +799,13 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
         yield* booted.connection.transfer(counted, GUEST_REPO, { baseline: true })
         yield* progress(true)
       }
+      const opened = sessionFrom(made, dir, booted, snapshot.skipped)
+      if (options.install !== undefined) {
+        yield* phase(options, "install")
+        yield* runInstall(opened, options.install, scan.root, options.onInstallOutput)
+      }
       yield* phase(options, "ready")
-      return sessionFrom(made, dir, booted, snapshot.skipped)
+      return opened
     }),
     Effect.zipRight(keepFailedOpenLogs(dir, paths.homeFile("failedOpen")), store.remove(meta.id))
   )
@@ -719,6 +847,10 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
       const root = sessionRootDisk(session.dir, recorded.rootDisk)
       if (root.format === "qcow2") yield* checkOverlay(root.file)
       const policy = options.policy ?? recorded.policy ?? (yield* defaultPolicy)
+      const previousEnv = (yield* store.readGuestConfig(id).pipe(Effect.option)).pipe(
+        Option.flatMap((config) => Option.fromNullable(config.env)),
+        Option.getOrUndefined
+      )
       const now = yield* Clock.currentTimeMillis
       const meta = yield* store.update(id, (current) => ({
         ...current,
@@ -742,7 +874,8 @@ export const resume = Effect.fn("resume")(function* (ref: string, options: BootO
         session.dir,
         { ...image, arch: compat.guest.arch },
         held,
-        { ...options, model: meta.model },
+        // the environment's env (docs/environments.md) stays the session's: the last config's
+        { ...options, model: meta.model, env: options.env ?? previousEnv },
         policy,
         // a backend without repository disks cannot resume a session that has them
         vmm.repoDiskFormat === undefined ? undefined : yield* existingRepoDisks(session.dir)

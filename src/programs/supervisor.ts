@@ -53,11 +53,13 @@ import { RepoPathInvalid } from "../domain/repoErrors.js"
 import type { Session } from "./session.js"
 
 /** why a supervisor closed: asked to, idle, or its guest went away (the VM died) */
-export type StopReason = "stop" | "idle" | "guest-gone"
+export type StopReason = "stop" | "suspend" | "idle" | "guest-gone"
 
 export interface ServeOptions {
   /** close after this long with no client connected and no turn running (default: never) */
   readonly idleTimeout?: Duration.DurationInput | undefined
+  /** what the idle timeout does: suspend (default; a stop where the session cannot) or stop */
+  readonly idleAction?: "suspend" | "stop" | undefined
   /** told once the control socket listens */
   /** what an attached typist's line is (told in `attached`): "shell" when the session has an agent command */
   readonly lines?: "prompt" | "shell" | undefined
@@ -517,12 +519,17 @@ const serve = Effect.fn("supervisor.serve")(function* (
         case "status":
           return yield* send(status())
         case "stop": {
+          // suspend first when asked: refused (a turn runs, an old guest), the session runs on
+          if (request.suspend === true) {
+            const saved = yield* Effect.either(session.suspend)
+            if (Either.isLeft(saved)) return yield* send({ type: "error", error: errorFields(saved.left) })
+          }
           // this client hears the end: its connection stays open until this process exits
           keep = true
           stopWatchers.push(socket)
           socket.unref()
           yield* send({ type: "stopping", pid: process.pid })
-          yield* Deferred.succeed(stopped, "stop")
+          yield* Deferred.succeed(stopped, request.suspend === true ? "suspend" : "stop")
           return
         }
         case "turn":
@@ -564,7 +571,17 @@ const serve = Effect.fn("supervisor.serve")(function* (
       Stream.flatMap((idle) => (idle ? Stream.fromEffect(Effect.sleep(idleTimeout)) : Stream.empty), {
         switch: true
       }),
-      Stream.runForEach(() => Deferred.succeed(stopped, "idle")),
+      Stream.runForEach(() =>
+        (options.idleAction === "stop"
+          ? Effect.void
+          : session.suspend.pipe(
+              Effect.tapError((error) =>
+                Effect.logWarning(`idle: not suspended, stopping: ${error.message}`)
+              ),
+              Effect.ignore
+            )
+        ).pipe(Effect.zipRight(Deferred.succeed(stopped, "idle")))
+      ),
       Effect.forkScoped
     )
   }

@@ -17,13 +17,35 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { DiskError, type GoldenImage } from "../domain/image.js"
 import { WARM_DIR, WARM_FILES } from "../domain/sessionLayout.js"
-import { WARM_MANIFEST_FORMAT } from "../domain/warm.js"
+import type { WarmInputs } from "../domain/warm.js"
+import { type StateCompression, StateManifest } from "../domain/memoryState.js"
+import { writeJsonAtomic } from "../lib/atomicFile.js"
 import { errorMessage } from "../domain/errorMessage.js"
 import { createOverlay, qemuImgTool } from "../lib/rootDisk.js"
 import { VmmBackend } from "../services/VmmBackend.js"
 import { Images } from "../services/Images.js"
 import { VmmUnavailable } from "../domain/vm.js"
-import { decodeWarmManifest, encodeWarmManifest, manifestMismatch, warmKey } from "../vmm/warmSnapshot.js"
+import { defaultCompression, diskBytes, readManifest } from "../vmm/migration.js"
+
+/** a warm snapshot's directory name: a hash of what its state only fits */
+export const warmKey = (inputs: WarmInputs): string =>
+  crypto
+    .createHash("sha256")
+    .update(
+      JSON.stringify([inputs.imageDigest, inputs.qemuVersion, inputs.layoutDigest, inputs.cpus, inputs.memoryMiB])
+    )
+    .digest("hex")
+    .slice(0, 32)
+
+/**
+ * How a warm state is stored (`ABOX_WARM_STATE`: zstd or raw; default raw): read at every warm
+ * Open, it is loaded fastest as the raw stream (a sparse file: it takes what the guest's memory
+ * holds), where zstd trades its decompression for a third of the disk.
+ */
+export const warmCompression = Config.literal("zstd", "raw")("ABOX_WARM_STATE").pipe(
+  Config.withDefault("raw" as StateCompression),
+  Effect.orElseSucceed(() => defaultCompression())
+)
 
 export type WarmChoice =
   | {
@@ -32,6 +54,7 @@ export type WarmChoice =
       readonly state: string
       readonly root: string
       readonly built: boolean
+      readonly manifest: StateManifest
     }
   | { readonly _tag: "Cold"; readonly reason: string }
 
@@ -55,14 +78,13 @@ const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   })
 
 /**
- * Makes the snapshot for `key` under a temporary directory, renamed into place whole (a
+ * Makes the snapshot under a temporary directory, renamed into place whole (a
  * concurrent Open that finished first wins; ours is dropped).
  */
 const build = Effect.fn("warm.build")(function* (
   image: GoldenImage,
-  key: string,
   target: string,
-  inputs: Parameters<typeof warmKey>[0]
+  inputs: WarmInputs
 ) {
   const vmm = yield* VmmBackend
   const warm = vmm.warm!
@@ -77,23 +99,21 @@ const build = Effect.fn("warm.build")(function* (
     // home (or symlink to an images directory) made the snapshot
     const golden = yield* io(image.rootDisk, "realpath", () => fs.realpath(image.rootDisk))
     yield* createOverlay(yield* qemuImgTool, golden, root)
-    yield* warm.build({
+    const manifest = yield* warm.build({
       workDir: work,
       kernel: image.kernel,
       initrd: image.initrd,
       rootDisk: root,
       cpus: inputs.cpus,
       memoryMiB: inputs.memoryMiB,
-      stateFile: state
+      stateFile: state,
+      imageDigest: inputs.imageDigest,
+      compression: yield* warmCompression
     })
-    const stat = yield* io(state, "stat", () => fs.stat(state))
-    yield* io(state, "chmod", () => fs.chmod(state, 0o600))
-    const manifest = path.join(work, WARM_FILES.manifest)
-    yield* io(manifest, "write", () =>
-      fs.writeFile(
-        manifest,
-        encodeWarmManifest({ format: WARM_MANIFEST_FORMAT, key, ...inputs, stateBytes: stat.size }),
-        { mode: 0o600 }
+    const manifestFile = path.join(work, WARM_FILES.manifest)
+    yield* writeJsonAtomic(manifestFile, StateManifest, manifest).pipe(
+      Effect.mapError(
+        (e) => new DiskError({ path: manifestFile, reason: "write", message: `write ${manifestFile}: ${e.message}` })
       )
     )
     yield* Effect.promise(() =>
@@ -132,31 +152,34 @@ export const warmSnapshotFor = Effect.fn("warm.snapshotFor")(function* (
   const manifestFile = path.join(dir, WARM_FILES.manifest)
   const state = path.join(dir, WARM_FILES.state)
   const root = path.join(dir, WARM_FILES.root)
-  let text = yield* Effect.promise(() => fs.readFile(manifestFile, "utf8").catch(() => undefined))
+  const present = () =>
+    fs.access(manifestFile).then(
+      () => true,
+      () => false
+    )
   let built = false
-  if (text === undefined) {
+  if (!(yield* Effect.promise(present))) {
     if (options.build === false) return cold(`image ${image.identity.name} has no warm snapshot for ${key}`)
-    const made = yield* Effect.either(build(image, key, dir, inputs.right))
+    const made = yield* Effect.either(build(image, dir, inputs.right))
     if (Either.isLeft(made)) return cold(`the warm snapshot could not be made: ${made.left.message}`)
     built = true
-    text = yield* Effect.promise(() => fs.readFile(manifestFile, "utf8").catch(() => undefined))
   }
-  const manifest = decodeWarmManifest(text ?? "")
-  if (Either.isLeft(manifest)) return cold(`${manifestFile} does not decode (left as it is)`)
-  const mismatch = manifestMismatch(manifest.right, inputs.right)
-  if (mismatch !== undefined) return cold(`the warm snapshot in ${dir} cannot be used here: ${mismatch}`)
-  const size = yield* Effect.promise(() =>
-    fs.stat(state).then(
-      (s) => s.size,
-      () => -1
-    )
-  )
-  if (size !== manifest.right.stateBytes) {
+  const manifest = yield* Effect.either(readManifest(manifestFile))
+  if (Either.isLeft(manifest)) return cold(`${manifest.left.message} (left as it is)`)
+  const size = yield* Effect.sync(() => {
+    try {
+      return diskBytes(state)
+    } catch {
+      return -1
+    }
+  })
+  if (size !== manifest.right.bytes) {
     return cold(
-      `the warm state ${state} is ${size < 0 ? "missing" : `${size} bytes, not ${manifest.right.stateBytes}`}`
+      `the warm state ${state} is ${size < 0 ? "missing" : `${size} bytes, not ${manifest.right.bytes}`}`
     )
   }
-  return { _tag: "Warm", dir, state, root, built } satisfies WarmChoice
+  // whether it fits this VM (QEMU, layout, memory, CPUs, image) is the restore's check
+  return { _tag: "Warm", dir, state, root, built, manifest: manifest.right } satisfies WarmChoice
 })
 
 /**

@@ -62,7 +62,10 @@ export const SignalRequest = msg("signal", { signal: TurnSignalName })
 export const CancelRequest = msg("cancel", {})
 /** watch every turn; `type: true` asks to be the one client that types (granted if free) */
 export const AttachRequest = msg("attach", { typist: Schema.Boolean })
-export const StopRequest = msg("stop", {})
+export const StopRequest = msg("stop", {
+  /** save the VM's memory first (src/programs/suspend.ts): the next start restores it */
+  suspend: Schema.optional(Schema.Boolean)
+})
 /** a byte stream to 127.0.0.1:<port> in the guest */
 export const ForwardRequest = msg("forward", { port: Schema.Int.pipe(Schema.between(1, 65535)) })
 

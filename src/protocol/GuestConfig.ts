@@ -62,6 +62,22 @@ export const GuestConfig = Schema.Struct({
   modelSpec: Schema.optional(ModelSpec),
   /** model requests per prompt turn at most (default 50) */
   maxSteps: Schema.optional(Schema.Int.pipe(Schema.between(1, 1000))),
+  /**
+   * variables for turn processes, from the repository's environment (docs/environments.md);
+   * the proxy, CA and placeholder variables are set after them and win
+   */
+  env: Schema.optional(
+    Schema.Record({
+      key: Schema.String.pipe(Schema.pattern(/^[A-Za-z_][A-Za-z0-9_]*$/)),
+      value: Schema.String
+    })
+  ),
+  /**
+   * an environment's setup VM (docs/environments.md): turns run as root, the repository disk is
+   * mounted read-only, and the agent keeps no conversation (its state lives in /run), so the
+   * image made from this root disk starts with none
+   */
+  setup: Schema.optional(Schema.Boolean),
   /** test images only: the agent ignores `shutdown` so the host's bounded kill path runs */
   ignoreShutdown: Schema.optional(Schema.Boolean)
 })

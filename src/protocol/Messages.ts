@@ -116,7 +116,12 @@ export const Hello = msg("hello", {
    * host → guest message types beyond the first v4 set that this guest understands; the host
    * sends such a message only when it is listed here (`export`: export_begin)
    */
-  features: Schema.optional(Schema.Array(Schema.String))
+  features: Schema.optional(Schema.Array(Schema.String)),
+  /**
+   * the highest channel id the host has opened on this guest so far (a hello that answers
+   * `resumed`): the host opens above it, since ids are never reused
+   */
+  hostChannel: Schema.optional(Schema.Int.pipe(Schema.between(0, 0x7fffffff)))
 })
 
 /** hello.features: the guest understands export_begin (and keeps a baseline) */
@@ -130,6 +135,11 @@ export const FEATURE_TTY = "tty"
 export const FEATURE_OUTPUT = "output"
 /** hello.features: the guest honours `user_turn.limits` (a prompt turn's max steps and max cost) */
 export const FEATURE_LIMITS = "limits"
+/**
+ * hello.features: the guest answers `resumed` with a new hello and ready; the host saves the
+ * memory of such a guest only (`abox suspend`, `abox fork`)
+ */
+export const FEATURE_RESUME = "resume"
 export const Ready = msg("ready", {})
 export const AgentEventMsg = msg("agent_event", { turn: Schema.Number, event: AgentEvent })
 export const TurnEnd = msg("turn_end", {
@@ -229,6 +239,22 @@ export const ExportBegin = msg("export_begin", {
   changed: Schema.optional(Schema.Boolean)
 })
 export const Shutdown = msg("shutdown", {})
+/**
+ * host → guest, the first message on a connection to a VM restored from its saved memory (the
+ * guest never knew it stopped): the host's clock and fresh entropy. The guest sets its clock,
+ * mixes the entropy into its kernel pool, and answers with a new hello (with `hostChannel`) and
+ * ready; the conversation goes on from there.
+ */
+export const Resumed = msg("resumed", {
+  unixMillis: Schema.Number,
+  /** base64 of 32 to 512 random bytes */
+  entropy: Schema.String.pipe(Schema.maxLength(1024)),
+  /**
+   * a fork's own broker CA (PEM): the guest trusts it instead of the one its config disk gave
+   * at boot (the parent's)
+   */
+  brokerCaCert: Schema.optional(Schema.String.pipe(Schema.maxLength(16384)))
+})
 export const TunnelAccept = msg("tunnel_accept", { channel: Schema.Number })
 export const TunnelDeny = msg("tunnel_deny", { channel: Schema.Number, reason: Schema.String })
 
@@ -266,7 +292,9 @@ export const WARM_READY = "abox-warm-ready\n"
 export const SessionHandoff = msg("session", {
   config: GuestConfig,
   time: Schema.Number,
-  entropy: Base64
+  entropy: Base64,
+  /** the host hot-plugged the session's repository disks: wait for them, mount them as at boot */
+  repoDisks: Schema.optional(Schema.Literal(true))
 })
 
 export const ControlMessage = Schema.Union(
@@ -281,6 +309,7 @@ export const ControlMessage = Schema.Union(
   TransferBegin,
   ExportBegin,
   Shutdown,
+  Resumed,
   TunnelAccept,
   TunnelDeny,
   TunnelClose,

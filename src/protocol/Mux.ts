@@ -132,7 +132,8 @@ export const decodeControlPayload = (payload: Uint8Array): Either.Either<Control
   } catch {
     // the union's decoder reports it
   }
-  const type = typeof json === "object" && json !== null ? (json as { readonly type?: unknown }).type : undefined
+  const type =
+    typeof json === "object" && json !== null ? (json as { readonly type?: unknown }).type : undefined
   const member = typeof type === "string" ? memberCodecs.get(type) : undefined
   if (member !== undefined) {
     const decoded = member.decode(json)
@@ -468,6 +469,11 @@ export class Mux {
   }
 
   /** the unread bytes this end accepts per channel (advertised to the peer in `hello.window`) */
+  /** the highest channel id the host side opened so far (0: none) */
+  get highestHostChannel(): number {
+    return this.highest[0]
+  }
+
   get receiveWindow(): number {
     return this.window
   }

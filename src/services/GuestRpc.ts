@@ -177,6 +177,11 @@ export interface ExportRequest {
   readonly changed?: boolean | undefined
 }
 
+export interface ResumeOptions {
+  /** a fork's own broker CA (PEM), which the guest trusts from then on instead of its parent's */
+  readonly brokerCaCert?: string | undefined
+}
+
 export interface GuestRpcOptions {
   readonly helloTimeout: Duration.DurationInput
   readonly shutdownTimeout: Duration.DurationInput
@@ -187,7 +192,13 @@ export interface GuestRpcOptions {
    * waits; the connection's first message is `session` with this config, the host's clock and
    * fresh entropy (each connection its own), before the hello is awaited
    */
-  readonly handoff?: { readonly config: GuestConfig } | undefined
+  readonly handoff?:
+    | {
+        readonly config: GuestConfig
+        /** the repository disks were hot-plugged: the guest waits for them and mounts them */
+        readonly repoDisks?: boolean | undefined
+      }
+    | undefined
 }
 
 /**
@@ -200,7 +211,16 @@ export interface GuestRpcShape {
     socketPath: string,
     options: GuestRpcOptions
   ) => Effect.Effect<
-    { readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope> },
+    {
+      readonly accept: Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope>
+      /**
+       * the connection of a VM restored from its saved memory: the host speaks first (`resumed`:
+       * the time, fresh entropy, a fork's CA) and the guest answers with hello and ready
+       */
+      readonly acceptResumed: (
+        options: ResumeOptions
+      ) => Effect.Effect<GuestConnection, GuestRpcError, Scope.Scope>
+    },
     GuestDisconnected,
     Scope.Scope
   >

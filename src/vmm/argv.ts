@@ -19,16 +19,23 @@ export interface QemuArgvInput {
   readonly kernelArgs?: ReadonlyArray<string> | undefined
   readonly repoDisks?: RepoDisks | undefined
   /**
-   * the layout of an image's warm snapshot (docs/on-disk.md "Warm snapshots"): no config or
-   * repository disk (the guest waits for its session, `abox.session=wait`); with `incoming`, the
-   * VM's state is restored from that file (it runs as soon as it is loaded). The argv is the
-   * same for the snapshot's boot and every restore but for the files it names.
+   * the machine type; default the newest of its family (`q35`, `virt`). A restore pins the
+   * versioned type its state was saved under (src/vmm/migration.ts)
    */
-  readonly warm?: { readonly incoming?: string | undefined } | undefined
+  readonly machine?: string | undefined
+  /** start paused, waiting for `migrate-incoming` over QMP (a restore) */
+  readonly incoming?: boolean | undefined
+  /**
+   * the layout of an image's warm snapshot (docs/on-disk.md "Warm snapshots"): no config disk
+   * (the guest waits for its session, `abox.session=wait`) and no repository disk at start, but
+   * two free hot-plug slots (WARM_HOTPLUG_PORTS) the repository disks are plugged into after the
+   * restore. The same argv for the snapshot's boot and every restore but for the files it names.
+   */
+  readonly warm?: boolean | undefined
 }
 
-/** a path as one word of `sh -c` (QEMU runs an exec: migration URI through the shell) */
-export const shellQuote = (value: string): string => `'${value.replaceAll("'", `'\\''`)}'`
+/** the warm layout's hot-plug slots (pcie-root-port ids): the repository disk, its baseline */
+export const WARM_HOTPLUG_PORTS = { repo: "abox-hp-repo", base: "abox-hp-base" } as const
 
 export const qemuBinary = (arch: GuestArch): string =>
   arch === "x86_64" ? "qemu-system-x86_64" : "qemu-system-aarch64"
@@ -45,15 +52,15 @@ export const escapeOptionValue = (value: string): string => value.replaceAll(","
  */
 export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
   const x86 = input.arch === "x86_64"
-  const machine = x86 ? `q35,accel=${input.accel}` : `virt,accel=${input.accel}`
+  const machine = `${input.machine ?? (x86 ? "q35" : "virt")},accel=${input.accel}`
   const cpu = input.accel === "tcg" ? "max" : "host"
   const console = x86 ? "ttyS0" : "ttyAMA0"
-  const warm = input.warm
+  const warm = input.warm === true
   const append = [
     `console=${console}`,
     "quiet",
     "panic=-1",
-    ...(warm === undefined ? [] : ["abox.session=wait"]),
+    ...(warm ? ["abox.session=wait"] : []),
     ...(input.kernelArgs ?? [])
   ].join(" ")
   return [
@@ -78,14 +85,23 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "-drive",
     // discard=unmap: the guest's deletes (ext4 mounted with discard) free the host's blocks
     `file=${escapeOptionValue(input.rootDisk)},format=${input.rootDiskFormat ?? "raw"},if=virtio,cache=writeback,discard=unmap`,
-    ...(warm === undefined
-      ? ["-drive", `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`]
-      : []),
+    ...(warm
+      ? []
+      : ["-drive", `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`]),
     // the repository (writable: an overlay of the baseline) and the baseline (read-only), found
     // by the guest by their serials; pinned to high PCI slots so that they enumerate after the
     // root and config disks (auto-assigned low slots), which stay vda and vdb for the initrd
     // of every image
-    ...(input.repoDisks === undefined || warm !== undefined
+    // the warm layout: the same slots as root ports, empty until the restore plugs the disks in
+    ...(warm
+      ? [
+          "-device",
+          `pcie-root-port,id=${WARM_HOTPLUG_PORTS.repo},chassis=1,bus=pcie.0,addr=0x10`,
+          "-device",
+          `pcie-root-port,id=${WARM_HOTPLUG_PORTS.base},chassis=2,bus=pcie.0,addr=0x11`
+        ]
+      : []),
+    ...(input.repoDisks === undefined || warm
       ? []
       : [
           "-drive",
@@ -119,7 +135,7 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "none",
     "-display",
     "none",
-    ...(warm?.incoming === undefined ? [] : ["-incoming", `exec:cat ${shellQuote(warm.incoming)}`])
+    ...(input.incoming === true ? ["-incoming", "defer"] : [])
   ]
 }
 

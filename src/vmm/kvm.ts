@@ -1,8 +1,10 @@
+import type * as CommandExecutor from "@effect/platform/CommandExecutor"
+import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
-// Raw node:child_process / node:fs: /dev/kvm is probed by opening it read-write and by starting
-// a paused VM on it.
-import { execFile } from "node:child_process"
+import * as Option from "effect/Option"
+// Raw node:fs: /dev/kvm is probed by opening it read-write (a synchronous open and close).
 import * as fs from "node:fs"
+import { runCommand } from "../lib/command.js"
 import type { GuestArch } from "../domain/session.js"
 import { hostArch } from "../lib/arch.js"
 import { minimalEnv, qemuBinary } from "./argv.js"
@@ -21,30 +23,46 @@ export const kvmOpens = (): boolean => {
  * /dev/kvm opening is not enough (nested hosts may refuse the CPU model at reset): start a
  * paused VM with `-cpu host` and quit it over QMP on stdin; success = a clean exit.
  */
-export const probeKvm = (binary: string, arch: GuestArch) =>
-  Effect.async<boolean>((resume) => {
-    const machine = arch === "x86_64" ? "q35" : "virt"
-    const child = execFile(
-      binary,
-      [
-        "-nodefaults",
-        "-no-user-config",
-        "-machine",
-        `${machine},accel=kvm`,
-        "-cpu",
-        "host",
-        "-display",
-        "none",
-        "-S",
-        "-qmp",
-        "stdio"
-      ],
-      { env: minimalEnv(), timeout: 10_000 },
-      (error, _stdout, stderr) => resume(Effect.succeed(error === null && !/error/i.test(stderr)))
-    )
-    child.stdin?.end('{"execute":"qmp_capabilities"}\n{"execute":"query-status"}\n{"execute":"quit"}\n')
-  })
+export const probeKvm = (
+  binary: string,
+  arch: GuestArch
+): Effect.Effect<boolean, never, CommandExecutor.CommandExecutor> => {
+  const machine = arch === "x86_64" ? "q35" : "virt"
+  return runCommand(
+    binary,
+    [
+      "-nodefaults",
+      "-no-user-config",
+      "-machine",
+      `${machine},accel=kvm`,
+      "-cpu",
+      "host",
+      "-display",
+      "none",
+      "-S",
+      "-qmp",
+      "stdio"
+    ],
+    {
+      env: minimalEnv(),
+      input: '{"execute":"qmp_capabilities"}\n{"execute":"query-status"}\n{"execute":"quit"}\n'
+    }
+  ).pipe(
+    // a probe VM that does not quit within 10 s is killed (the scope of its process)
+    Effect.timeoutOption(Duration.seconds(10)),
+    Effect.map((result) =>
+      Option.match(result, {
+        onNone: () => false,
+        onSome: ({ exitCode, stderr }) => exitCode === 0 && !/error/i.test(stderr)
+      })
+    ),
+    // QEMU missing or not executable: KVM is not usable through it
+    Effect.orElseSucceed(() => false)
+  )
+}
 
 /** what `auto` chooses on this host: KVM when /dev/kvm opens and a probe VM starts on it (abox doctor) */
-export const kvmUsable = (arch: GuestArch = hostArch()): Effect.Effect<boolean> =>
+export const kvmUsable = (
+  arch: GuestArch = hostArch()
+): Effect.Effect<boolean, never, CommandExecutor.CommandExecutor> =>
   kvmOpens() ? probeKvm(qemuBinary(arch), arch) : Effect.succeed(false)

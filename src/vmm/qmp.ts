@@ -97,3 +97,97 @@ export const qmpCommand = (
       }
     })
   })
+
+/** one QMP connection for a sequence of commands (migration: set parameters, stop, migrate, poll) */
+export interface QmpClient {
+  /** the command's `return`; rejects with a QmpError (an error answer, the socket closing, no answer in time) */
+  readonly execute: (command: string, args?: Record<string, unknown>, timeoutMs?: number) => Promise<unknown>
+  readonly close: () => void
+}
+
+/**
+ * Connect to a QMP socket and finish the capabilities handshake within `timeoutMs`. Commands
+ * run one after the other (QMP answers in order); events are skipped. A closed socket rejects
+ * the command in flight and every later one.
+ */
+export const qmpConnect = (socketPath: string, timeoutMs = 2000): Promise<QmpClient> =>
+  new Promise((resolveClient, rejectClient) => {
+    const socket = net.connect(socketPath)
+    let buffered = ""
+    let failure: QmpError | undefined
+    let waiting: { resolve: (value: unknown) => void; reject: (error: QmpError) => void } | undefined
+    let queue: Promise<unknown> = Promise.resolve()
+    const fail = (error: QmpError) => {
+      failure ??= error
+      const current = waiting
+      waiting = undefined
+      current?.reject(error)
+      socket.destroy()
+    }
+    const next = (timeout: number): Promise<unknown> =>
+      new Promise((resolve, reject) => {
+        if (failure !== undefined) return reject(failure)
+        const timer = setTimeout(() => fail(new QmpError("no answer in time")), timeout)
+        waiting = {
+          resolve: (value) => {
+            clearTimeout(timer)
+            resolve(value)
+          },
+          reject: (error) => {
+            clearTimeout(timer)
+            reject(error)
+          }
+        }
+      })
+    socket.setEncoding("utf8")
+    socket.on("error", (cause) => fail(new QmpError(cause.message, { cause })))
+    socket.on("close", () => fail(new QmpError("closed")))
+    socket.on("data", (chunk: string) => {
+      buffered += chunk
+      let newline = buffered.indexOf("\n")
+      while (newline !== -1) {
+        const line = buffered.slice(0, newline).trim()
+        buffered = buffered.slice(newline + 1)
+        newline = buffered.indexOf("\n")
+        if (line === "") continue
+        const message = decodeLine(line)
+        if (message === undefined) return fail(new QmpError(`bad line: ${line.slice(0, 200)}`))
+        if ("event" in message) continue
+        const current = waiting
+        waiting = undefined
+        if (current === undefined) continue
+        if ("error" in message) current.reject(new QmpError(`${message.error.class}: ${message.error.desc}`))
+        else current.resolve("return" in message ? message.return : message.QMP)
+      }
+    })
+    const send = (command: string, args: Record<string, unknown> | undefined, timeout: number) => {
+      const answer = next(timeout)
+      if (failure === undefined)
+        socket.write(
+          JSON.stringify(args === undefined ? { execute: command } : { execute: command, arguments: args }) +
+            "\n"
+        )
+      return answer
+    }
+    const client: QmpClient = {
+      execute: (command, args, timeout = timeoutMs) => {
+        const run = queue.then(
+          () => send(command, args, timeout),
+          () => send(command, args, timeout)
+        )
+        queue = run.catch(() => undefined)
+        return run
+      },
+      close: () => {
+        failure ??= new QmpError("closed")
+        socket.destroy()
+      }
+    }
+    // the greeting, then qmp_capabilities
+    next(timeoutMs)
+      .then(() => send("qmp_capabilities", undefined, timeoutMs))
+      .then(
+        () => resolveClient(client),
+        (error: unknown) => rejectClient(error)
+      )
+  })

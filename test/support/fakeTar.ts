@@ -9,6 +9,10 @@ export interface FakeTarEntry {
   readonly linkpath?: string
   readonly mode?: number
   readonly data?: string | Uint8Array
+  readonly uid?: number
+  readonly gid?: number
+  /** the size the header declares, when it is not the data's (a size bomb) */
+  readonly declaredSize?: number
 }
 
 const BLOCK = 512
@@ -27,8 +31,8 @@ export const tarHeader = (entry: FakeTarEntry, size: number): Buffer => {
   const header = Buffer.alloc(BLOCK)
   writeString(header, 0, 100, entry.path)
   writeOctal(header, 100, 8, entry.mode ?? (entry.type === "5" ? 0o755 : 0o644))
-  writeOctal(header, 108, 8, 0)
-  writeOctal(header, 116, 8, 0)
+  writeOctal(header, 108, 8, entry.uid ?? 0)
+  writeOctal(header, 116, 8, entry.gid ?? 0)
   writeOctal(header, 124, 12, size)
   writeOctal(header, 136, 12, Math.floor(Date.now() / 1000))
   header.fill(" ", 148, 156)
@@ -47,7 +51,7 @@ export const fakeTar = (entries: ReadonlyArray<FakeTarEntry>): Buffer => {
   for (const entry of entries) {
     const data = entry.data === undefined ? Buffer.alloc(0) : Buffer.from(entry.data)
     const size = entry.type === undefined || entry.type === "0" ? data.length : 0
-    parts.push(tarHeader(entry, size))
+    parts.push(tarHeader(entry, entry.declaredSize ?? size))
     if (size > 0) {
       parts.push(data)
       const pad = (BLOCK - (size % BLOCK)) % BLOCK

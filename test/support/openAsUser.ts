@@ -3,29 +3,14 @@
  * test/repoDisk.test.ts: root reads every file, so an unreadable source needs another user).
  * argv: <home> <source>; prints one JSON line: the failure's tag and path, and what the home holds.
  */
-import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
 import * as Effect from "effect/Effect"
-import * as Layer from "effect/Layer"
 import * as fs from "node:fs"
 import * as path from "node:path"
-import * as FakeVmm from "../../src/layers/FakeVmm.js"
-import { GuestRpcLive } from "../../src/layers/guestRpc/index.js"
-import { HttpsBrokerLive } from "../../src/broker/HttpsBrokerLive.js"
-import { FakeImages } from "../../src/layers/Lifecycle.js"
-import { RuntimeLockLive } from "../../src/layers/RuntimeLockLive.js"
-import { SessionStoreLive } from "../../src/layers/SessionStoreLive.js"
 import { open } from "../../src/programs/session.js"
-import { aboxPathsAt } from "../../src/services/AboxPaths.js"
+import { fakeLifecycle } from "./fakeLifecycle.js"
 
 const [home, source] = process.argv.slice(2) as [string, string]
-const layer = Layer.mergeAll(
-  SessionStoreLive,
-  RuntimeLockLive,
-  GuestRpcLive,
-  HttpsBrokerLive,
-  FakeVmm.layer,
-  FakeImages
-).pipe(Layer.provideMerge(aboxPathsAt(home)), Layer.provideMerge(NodeFileSystem.layer))
+const layer = fakeLifecycle(home)
 const exit = await Effect.runPromiseExit(
   Effect.scoped(open({ source })).pipe(Effect.asVoid, Effect.provide(layer))
 )

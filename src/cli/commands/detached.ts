@@ -24,7 +24,10 @@ import {
   stop,
   type SuperviseSpec
 } from "../../programs/detached.js"
-import { open, resume, type Session } from "../../programs/session.js"
+import { resume, type Session } from "../../programs/session.js"
+import { openWithEnvironment } from "../../programs/environment.js"
+import { allowEnvHosts } from "../environmentOptions.js"
+import { readEnvironment } from "../../lib/environment.js"
 import { agentTurnEvent } from "../../services/GuestRpc.js"
 import { supervise } from "../../programs/supervisor.js"
 import { parseLine } from "../interactive.js"
@@ -75,7 +78,7 @@ const tellStarter = (line: string) =>
     }
   })
 
-type Opened = ReturnType<typeof open> | ReturnType<typeof resume>
+type Opened = ReturnType<typeof openWithEnvironment> | ReturnType<typeof resume>
 type Acquire = Effect.Effect<Session, Effect.Effect.Error<Opened>, Effect.Effect.Context<Opened>>
 
 const optionOf = <A>(value: A | undefined) => Option.fromNullable(value)
@@ -105,7 +108,15 @@ export const superviseCommand = Command.make(
         const source = spec.open
         const acquire: Acquire =
           source !== undefined
-            ? open({ ...boot, source: source.source, name: source.name, image: source.image })
+            ? openWithEnvironment({
+                ...boot,
+                source: source.source,
+                name: source.name,
+                image: source.image,
+                // no terminal here: the environment's hosts are granted by the policy or the flag alone
+                allowEnvHosts: source.allowEnvHosts,
+                onNotice: (line) => Console.error(`abox: ${escapeControl(line)}`)
+              })
             : resume(spec.resume ?? "", boot)
         const reason = yield* supervise(acquire, {
           lines: spec.agent !== undefined && spec.agent.length > 0 ? "shell" : "prompt",
@@ -165,6 +176,7 @@ const startOptions = {
     Options.withDescription("HTTPS broker policy file (docs/broker.md)")
   ),
   idleTimeout: durationOption("idle-timeout", "close the session after this long with no client and no turn"),
+  allowEnvHosts,
   json
 }
 
@@ -183,7 +195,8 @@ const specFor = (target: string, args: StartArgs): SuperviseSpec => {
           open: {
             source: path.resolve(target),
             name: Option.getOrUndefined(args.name),
-            image: Option.getOrUndefined(args.image)
+            image: Option.getOrUndefined(args.image),
+            ...(args.allowEnvHosts ? { allowEnvHosts: true } : {})
           }
         }
       : { resume: target }),
@@ -209,6 +222,13 @@ export const startSession = (target: string, args: StartArgs) =>
       yield* Console.error(
         `abox: session ${ready.sessionId} running (supervisor pid ${ready.pid}); abox exec ${ref} -- <cmd> · abox attach ${ref} · abox stop ${ref}`
       )
+      // the ports the repository's environment forwards (docs/environments.md)
+      const opened = specFor(target, args).open
+      if (opened !== undefined && opened.image === undefined) {
+        const environment = yield* readEnvironment(opened.source).pipe(Effect.orElseSucceed(() => undefined))
+        for (const port of environment?.forward ?? [])
+          yield* Console.error(`abox: the environment serves port ${port}: abox forward ${ref} ${port}`)
+      }
     }
   })
 
@@ -337,7 +357,9 @@ export const execCommand = Command.make(
     timeout: durationOption("timeout", "cancel the command after this long (exit 124)"),
     tty: Options.boolean("tty").pipe(
       Options.withAlias("t"),
-      Options.withDescription("run the command on a pseudo-terminal in the guest, of this terminal's size and TERM")
+      Options.withDescription(
+        "run the command on a pseudo-terminal in the guest, of this terminal's size and TERM"
+      )
     ),
     interactive: Options.boolean("interactive").pipe(
       Options.withAlias("i"),
@@ -407,7 +429,9 @@ export const execCommand = Command.make(
             if (args.interactive) {
               yield* rawStdin
               yield* stdinBytes.pipe(
-                Stream.runForEach((bytes) => connection.send({ type: "input", data: bytes.toString("base64") })),
+                Stream.runForEach((bytes) =>
+                  connection.send({ type: "input", data: bytes.toString("base64") })
+                ),
                 Effect.ignore,
                 Effect.forkScoped
               )
@@ -474,6 +498,35 @@ export const stopCommand = Command.make(
       })
     )
 ).pipe(Command.withDescription("close a running session: its supervisor runs Close and exits"))
+
+// ---- suspend ----
+
+export const suspendCommand = Command.make(
+  "suspend",
+  {
+    ref: sessionRef,
+    timeout: durationOption(
+      "timeout",
+      "how long the save and Close may take before the kill path (default 60s)"
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const result = yield* stop(args.ref, { timeout: Option.getOrUndefined(args.timeout), suspend: true })
+        if (args.json) yield* printJson({ ...result, suspended: true })
+        else
+          yield* Console.error(
+            `abox: session ${escapeControl(args.ref)} suspended (supervisor pid ${result.pid}); abox start ${escapeControl(args.ref)} restores it`
+          )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "save a running session's memory beside its disks and end its VM: the next start, resume or exec restores it, processes and all (QEMU)"
+  )
+)
 
 // ---- attach ----
 

@@ -15,6 +15,9 @@ import {
   imageList,
   imageRemove
 } from "../../programs/image.js"
+import { importImage, parseSize } from "../../programs/imageImport.js"
+import { DEFAULT_IMPORT_LIMITS } from "../../lib/oci/rootfs.js"
+import { ImageImportRefused } from "../../domain/image.js"
 import { stepDisplay } from "../progress.js"
 import { warmImage } from "../../programs/warm.js"
 import { DEFAULT_CPUS, DEFAULT_MEMORY_MIB } from "../../programs/session.js"
@@ -148,6 +151,71 @@ const rm = Command.make(
   )
 )
 
+const importCommand = Command.make(
+  "import",
+  {
+    source: notAnOption(Args.text({ name: "archive|dir[:tag]" })).pipe(
+      Args.withDescription(
+        "an oci-archive or `docker save` tar (gzip too), or an OCI layout directory (dir:tag names its tag)"
+      )
+    ),
+    name: Options.text("name").pipe(
+      Options.optional,
+      Options.withDescription("image name (default: the reference's last part, e.g. node)")
+    ),
+    tag: Options.text("tag").pipe(
+      Options.optional,
+      Options.withDescription("the manifest (OCI index) or image (docker save) of that tag")
+    ),
+    reference: Options.text("reference").pipe(
+      Options.optional,
+      Options.withDescription(
+        "the reference to record (e.g. docker.io/library/node:20): default, the archive's own"
+      )
+    ),
+    base: Options.text("base").pipe(
+      Options.optional,
+      Options.withDescription(
+        "the small abox image whose kernel, initrd, agent and runtime it gets (default abox)"
+      )
+    ),
+    maxSize: Options.text("max-size").pipe(
+      Options.optional,
+      Options.withDescription("refuse an image whose files take more than this (default 16G; K, M, G, T)")
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const maxSize = Option.getOrUndefined(args.maxSize)
+        const maxBytes = maxSize === undefined ? DEFAULT_IMPORT_LIMITS.maxBytes : parseSize(maxSize)
+        if (maxBytes === undefined)
+          return yield* new ImageImportRefused({
+            reason: "limit",
+            message: `--max-size ${JSON.stringify(maxSize)}: a size such as 16G, 512M or a number of bytes`
+          })
+        const image = yield* importImage({
+          source: args.source,
+          name: Option.getOrUndefined(args.name),
+          tag: Option.getOrUndefined(args.tag),
+          reference: Option.getOrUndefined(args.reference),
+          base: Option.getOrUndefined(args.base),
+          limits: { ...DEFAULT_IMPORT_LIMITS, maxBytes }
+        })
+        if (args.json) yield* printJson({ image: rowJson(image) })
+        else
+          yield* Console.log(
+            `imported ${row(image)}\n  ${escapeControl(image.meta.source?.reference ?? "(no reference)")}\n  ${escapeControl(image.dir)}`
+          )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "import an OCI image (skopeo copy … oci-archive:x.tar, or docker save -o x.tar) as a golden image. Example: abox image import node.tar --name node"
+  )
+)
+
 const warm = Command.make(
   "warm",
   {
@@ -179,6 +247,6 @@ const warm = Command.make(
 )
 
 export const image = Command.make("image").pipe(
-  Command.withDescription("golden images: build, list, rm, warm"),
-  Command.withSubcommands([build, list, rm, warm])
+  Command.withDescription("golden images: build, import, list, rm, warm"),
+  Command.withSubcommands([build, importCommand, list, rm, warm])
 )

@@ -6,9 +6,10 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Ref from "effect/Ref"
 import * as Stream from "effect/Stream"
+import { openWithEnvironment } from "../../programs/environment.js"
+import { allowEnvHosts, environmentOptions } from "../environmentOptions.js"
 import {
   InvalidOption,
-  open,
   resume,
   turnLimitsProblem,
   type BootOptions,
@@ -41,7 +42,9 @@ const model = Options.text("model").pipe(
 )
 const image = Options.text("image").pipe(
   Options.optional,
-  Options.withDescription("golden image: name or name@digest (default: the default image)")
+  Options.withDescription(
+    "golden image: name or name@digest (default: the repository's environment, else the default image)"
+  )
 )
 const cpus = Options.integer("cpus").pipe(Options.optional, Options.withDescription("guest CPUs (default 2)"))
 const memory = Options.integer("memory").pipe(
@@ -142,6 +145,7 @@ const openFromArgs = (
     readonly source: string
     readonly name: Option.Option<string>
     readonly image: Option.Option<string>
+    readonly allowEnvHosts: boolean
   },
   onPhase: BootOptions["onPhase"],
   onProgress: BootOptions["onProgress"]
@@ -154,7 +158,8 @@ const openFromArgs = (
       name: Option.getOrUndefined(args.name),
       image: Option.getOrUndefined(args.image)
     }
-    return yield* open(options)
+    // the repository's environment (docs/environments.md), unless --image names one
+    return yield* openWithEnvironment({ ...options, ...(yield* environmentOptions(args.allowEnvHosts)) })
   })
 
 const writeJsonLine = (value: unknown) => writeOutput(process.stdout, JSON.stringify(value) + "\n")
@@ -194,7 +199,7 @@ const oneTurn = (
   })
 
 /** what open and run both take: the source, its name and image, and the boot flags */
-const openFlags = { source, name, model, image, cpus, memory, agent, policy }
+const openFlags = { source, name, model, image, cpus, memory, agent, policy, allowEnvHosts }
 
 export const run = Command.make(
   "run",

@@ -5,6 +5,7 @@ import * as Effect from "effect/Effect"
 import { diskUsage, formatBytes } from "../../lib/diskUsage.js"
 import { describeRootDisk, sharedBytesSync } from "../../lib/rootDisk.js"
 import { sessionStatus } from "../../programs/list.js"
+import { savedStateBytes } from "../../programs/suspend.js"
 import { AboxPaths } from "../../services/AboxPaths.js"
 import { SessionStore, type SessionMeta } from "../../services/SessionStore.js"
 import { edge, notAnOption, printJson } from "../render.js"
@@ -38,6 +39,8 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
       const paths = yield* AboxPaths
       const sharedBytes = sharedBytesSync(paths.images, meta.image, meta.rootDisk)
       const running = status === "running"
+      // a suspended session: its saved memory state's size on disk
+      const memoryStateBytes = savedStateBytes(dir)
       if (args.json)
         return yield* printJson({
           session: {
@@ -48,13 +51,18 @@ export const show = Command.make("show", { ref: sessionRef, json }, (args) =>
             running,
             bytes,
             sharedBytes,
+            ...(memoryStateBytes === undefined ? {} : { memoryStateBytes }),
             rootDisk: describeRootDisk(meta.rootDisk),
             meta
           }
         })
       const lines: Array<[string, string | undefined]> = [
         ["id", id],
-        ["status", running ? "RUNNING" : "STOPPED"],
+        ["status", running ? "RUNNING" : memoryStateBytes !== undefined ? "SUSPENDED" : "STOPPED"],
+        [
+          "memory",
+          memoryStateBytes === undefined ? undefined : `${formatBytes(memoryStateBytes)} saved state`
+        ],
         [
           "disk",
           formatBytes(bytes) +

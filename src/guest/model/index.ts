@@ -44,6 +44,7 @@ import {
   SYSTEM_PROMPT,
   type Conversation
 } from "./loop.js"
+import { FileOpChild } from "./ownerFiles.js"
 import { AgentToolkit, killAllTools, makeHandlers, resolveRepoPath } from "./tools.js"
 
 export interface ModelAgentOptions {
@@ -258,7 +259,11 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     const resolved = resolveRepoPath(options.repoDir, file)
     if (resolved.ok) ledger.add(resolved.path)
   }
-  const tools = { repoDir: options.repoDir, user: options.user, env: options.env, ledger }
+  // the owner's file-operation child: started by the session's first file tool and kept for the
+  // ones after (a node start is ~0.4 s under TCG); a cancel or a stall in an operation ends it,
+  // and the next operation starts another
+  const files = new FileOpChild(options.user, options.repoDir)
+  const tools = { repoDir: options.repoDir, user: options.user, env: options.env, ledger, files }
   const toolkitLayer = AgentToolkit.toLayer(makeHandlers(tools))
   let running: Fiber.RuntimeFiber<PromptOutcome> | undefined
 
@@ -321,6 +326,7 @@ export const createModelAgent = (options: ModelAgentOptions): ModelAgent => {
     close: async () => {
       if (running !== undefined && runtime !== undefined) await runtime.runPromise(Fiber.interrupt(running))
       await runtime?.dispose()
+      files.close()
       await dispatcher.close().catch(() => undefined)
     }
   }

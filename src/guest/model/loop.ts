@@ -269,7 +269,11 @@ export const describeModelError = (
     : `the model API answered ${status}: ${detail}`
 }
 
-class StepFailed extends Schema.TaggedError<StepFailed>()("StepFailed", { message: Schema.String }) {}
+class StepFailed extends Schema.TaggedError<StepFailed>()("StepFailed", {
+  message: Schema.String,
+  /** the model request's own error (an AiError), when one caused it */
+  cause: Schema.optional(Schema.Defect)
+}) {}
 
 /**
  * One model request, streamed, with its retries: text deltas, tool calls and tool results become
@@ -331,11 +335,12 @@ const step = (
       const refusal = options.lastRefusal()
       if (midAnswer) {
         return yield* new StepFailed({
-          message: `the model's stream was cut mid-answer: ${describeModelError(error, options.spec, refusal)}`
+          message: `the model's stream was cut mid-answer: ${describeModelError(error, options.spec, refusal)}`,
+          cause: error
         })
       }
       if (refusal !== undefined || !isRetryable(error) || attempt >= MAX_RETRIES) {
-        return yield* new StepFailed({ message: describeModelError(error, options.spec, refusal) })
+        return yield* new StepFailed({ message: describeModelError(error, options.spec, refusal), cause: error })
       }
       const delayMs = retryAfterMs(error) ?? Math.min(BASE_DELAY_MS * 2 ** attempt, MAX_DELAY_MS)
       const status = statusOf(error)

@@ -26,8 +26,9 @@ import * as Effect from "effect/Effect"
 import * as Option from "effect/Option"
 import * as Schema from "effect/Schema"
 import { GUEST_REPO_PATH } from "../agent.js"
+import { killGroup } from "../processGroup.js"
 import type { TurnUser } from "../user.js"
-import { killAllFileOps, runFileOp, type FileOpError } from "./ownerFiles.js"
+import { FileOpChild, killAllFileOps, type FileOpError } from "./ownerFiles.js"
 import { DEFAULT_READ_LINES, numberedLines, ReadLedger, replaceText } from "./fileText.js"
 
 /** characters of tool output the model sees at most (half head, half tail) */
@@ -163,16 +164,8 @@ export interface ToolEnvironment {
   readonly outputCap?: number
   /** the files read in this conversation (edit_file needs one); default: a new, empty one */
   readonly ledger?: ReadLedger
-}
-
-/** signal a whole process group; ESRCH (already gone) is not an error */
-const killGroup = (pid: number | undefined, signal: NodeJS.Signals): void => {
-  if (pid === undefined) return
-  try {
-    process.kill(-pid, signal)
-  } catch {
-    // the group is gone
-  }
+  /** the owner's child for file operations (the caller ends it); default: one of these handlers' own */
+  readonly files?: FileOpChild
 }
 
 /** process groups of running tools, for a synchronous last-resort kill (SIGTERM to the agent) */
@@ -322,10 +315,10 @@ interface OwnerFiles {
 
 /** the toolkit's handlers over one environment; every result carries its time */
 export const makeHandlers = (tools: ToolEnvironment) => {
+  const child = tools.files ?? new FileOpChild(tools.user, tools.repoDir)
   const ownerFiles = (file: string): OwnerFiles => ({
-    read: (max, follow) => runFileOp(tools.user, tools.repoDir, { op: "read", path: file, max, follow }),
-    write: (content, parents) =>
-      Effect.asVoid(runFileOp(tools.user, tools.repoDir, { op: "write", path: file, content, parents }))
+    read: (max, follow) => child.run({ op: "read", path: file, max, follow }),
+    write: (content, parents) => Effect.asVoid(child.run({ op: "write", path: file, content, parents }))
   })
   const cap = tools.outputCap ?? DEFAULT_OUTPUT_CAP
   const ledger = tools.ledger ?? new ReadLedger()

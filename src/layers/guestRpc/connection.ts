@@ -5,18 +5,19 @@
  */
 import * as Clock from "effect/Clock"
 import * as Data from "effect/Data"
-import * as crypto from "node:crypto"
 import * as Deferred from "effect/Deferred"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import * as Stream from "effect/Stream"
+import * as crypto from "node:crypto"
 import type { Duplex } from "node:stream"
 import { type HelloMessage, MIN_GUEST_PROTOCOL, PROTOCOL_VERSION } from "../../protocol/Messages.js"
 import {
   type GuestConnection,
   type GuestRpcError,
   type GuestRpcOptions,
+  type ResumeOptions,
   GuestTimeout,
   GuestTooNew,
   GuestTooOld
@@ -106,7 +107,8 @@ const handshake = (
 
 export const connect = (
   socket: Duplex,
-  options: GuestRpcOptions
+  options: GuestRpcOptions,
+  resumed?: ResumeOptions
 ): Effect.Effect<GuestConnection, GuestRpcError | ClosedBeforeHello, Scope.Scope> =>
   Effect.gen(function* () {
     const link = yield* MuxAdapter.make(socket, {
@@ -129,7 +131,18 @@ export const connect = (
         type: "session",
         config: options.handoff.config,
         time,
-        entropy: crypto.randomBytes(64).toString("base64")
+        entropy: crypto.randomBytes(64).toString("base64"),
+        ...(options.handoff.repoDisks === true ? { repoDisks: true } : {})
+      })
+    }
+    // a VM restored from its saved memory: the guest speaks once it hears `resumed`
+    if (resumed !== undefined) {
+      const unixMillis = yield* Clock.currentTimeMillis
+      yield* link.send({
+        type: "resumed",
+        unixMillis,
+        entropy: crypto.randomBytes(64).toString("base64"),
+        ...(resumed.brokerCaCert === undefined ? {} : { brokerCaCert: resumed.brokerCaCert })
       })
     }
     // a failed handshake closes the connection at once
@@ -138,7 +151,8 @@ export const connect = (
     )
 
     // channel ids the host opens: even, counting up (the guest's tunnels are odd)
-    let nextChannel = 2
+    // (after a resume: above what the host opened before, ids are never reused)
+    let nextChannel = hello.hostChannel === undefined ? 2 : hello.hostChannel + 2 - (hello.hostChannel % 2)
     const channelId = () => {
       const id = nextChannel
       nextChannel += 2

@@ -82,7 +82,10 @@ const deliver = (route: TurnRoute, item: TurnEvent): Effect.Effect<void> => {
     wake(route)
     return Effect.void
   }
-  return Effect.zipRight(route.events.offer(item), Effect.sync(() => wake(route)))
+  return Effect.zipRight(
+    route.events.offer(item),
+    Effect.sync(() => wake(route))
+  )
 }
 
 /** the turn is over: its consumer reads what is queued, then the end (or the error) */
@@ -106,10 +109,13 @@ const finish = (
       wake(route)
       return Effect.void
     }
-    return Effect.zipRight(deliver(route, last), Effect.sync(() => {
-      route.events.unsafeDone(Exit.void)
-      wake(route)
-    }))
+    return Effect.zipRight(
+      deliver(route, last),
+      Effect.sync(() => {
+        route.events.unsafeDone(Exit.void)
+        wake(route)
+      })
+    )
   }
   route.events.unsafeDone(Exit.fail(last))
   wake(route)

@@ -15,7 +15,7 @@ import * as Exit from "effect/Exit"
 import * as Layer from "effect/Layer"
 import * as Option from "effect/Option"
 import * as Scope from "effect/Scope"
-import { GuestRpc, GuestTimeout, type GuestRpcOptions } from "../../services/GuestRpc.js"
+import { GuestRpc, GuestTimeout, type GuestRpcOptions, type ResumeOptions } from "../../services/GuestRpc.js"
 import { connect } from "./connection.js"
 import { bindListener, nextConnection } from "./listener.js"
 
@@ -30,41 +30,42 @@ export const GuestRpcLive = Layer.succeed(GuestRpc, {
      * before its hello is dropped and the next taken (under vfkit every guest connect to vsock
      * port 1024 is a new connection here, and the guest retries until one carries its bytes).
      */
-    const accept = Effect.gen(function* () {
-      const parent = yield* Effect.scope
-      const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(options.helloTimeout)
-      let dropped = 0
-      while (true) {
-        const left = Duration.millis(Math.max(0, deadline - (yield* Clock.currentTimeMillis)))
-        const socket = yield* nextConnection(connections, left).pipe(
-          Effect.mapError((timeout) =>
-            dropped === 0
-              ? timeout
-              : new GuestTimeout({
-                  waitingFor: "hello",
-                  message: `${timeout.message} (${dropped} connection${dropped === 1 ? "" : "s"} ended before a hello)`
-                })
+    const acceptWith = (resumed: ResumeOptions | undefined) =>
+      Effect.gen(function* () {
+        const parent = yield* Effect.scope
+        const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(options.helloTimeout)
+        let dropped = 0
+        while (true) {
+          const left = Duration.millis(Math.max(0, deadline - (yield* Clock.currentTimeMillis)))
+          const socket = yield* nextConnection(connections, left).pipe(
+            Effect.mapError((timeout) =>
+              dropped === 0
+                ? timeout
+                : new GuestTimeout({
+                    waitingFor: "hello",
+                    message: `${timeout.message} (${dropped} connection${dropped === 1 ? "" : "s"} ended before a hello)`
+                  })
+            )
           )
-        )
-        // each attempt in a scope of its own: a dropped connection is released at once
-        const scope = yield* Scope.fork(parent, ExecutionStrategy.sequential)
-        const exit = yield* Effect.exit(
-          Scope.extend(connect(socket, { ...options, helloTimeout: left }), scope)
-        )
-        if (Exit.isSuccess(exit)) return exit.value
-        yield* Scope.close(scope, exit)
-        const failure = Cause.failureOption(exit.cause)
-        if (Option.isSome(failure) && failure.value._tag === "ClosedBeforeHello") {
-          dropped += 1
-          continue
+          // each attempt in a scope of its own: a dropped connection is released at once
+          const scope = yield* Scope.fork(parent, ExecutionStrategy.sequential)
+          const exit = yield* Effect.exit(
+            Scope.extend(connect(socket, { ...options, helloTimeout: left }, resumed), scope)
+          )
+          if (Exit.isSuccess(exit)) return exit.value
+          yield* Scope.close(scope, exit)
+          const failure = Cause.failureOption(exit.cause)
+          if (Option.isSome(failure) && failure.value._tag === "ClosedBeforeHello") {
+            dropped += 1
+            continue
+          }
+          return yield* Effect.failCause(exit.cause)
         }
-        return yield* Effect.failCause(exit.cause)
-      }
-    }).pipe(
-      // (never reached: the loop takes the next connection instead; for the error type)
-      Effect.catchTag("ClosedBeforeHello", (e) => Effect.fail(e.cause)),
-      Effect.withSpan("GuestRpc.accept")
-    )
-    return { accept }
+      }).pipe(
+        // (never reached: the loop takes the next connection instead; for the error type)
+        Effect.catchTag("ClosedBeforeHello", (e) => Effect.fail(e.cause)),
+        Effect.withSpan("GuestRpc.accept")
+      )
+    return { accept: acceptWith(undefined), acceptResumed: (resumed: ResumeOptions) => acceptWith(resumed) }
   })
 })
