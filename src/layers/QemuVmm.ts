@@ -230,12 +230,14 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
             compression: restore.compression,
             qemuExited: Effect.map(Effect.timeoutOption(handle.exited, Duration.zero), Option.isSome)
           }).pipe(Effect.mapError((e) => vmmError(`restore: ${e.step}`, e.message)))
+          yield* Effect.logDebug(`restore: ${restore.compression} state loaded, the VM runs`)
           // a warm snapshot's VM runs without the session's disks: they go into its free slots
           if (spec.warm === true && spec.repoDisks !== undefined) {
             yield* Migration.plugRepoDisks(qmpSocket, {
               ...spec.repoDisks,
               ports: WARM_HOTPLUG_PORTS
             }).pipe(Effect.mapError((e) => vmmError(`restore: ${e.step}`, e.message)))
+            yield* Effect.logDebug("restore: repository disks plugged in")
           }
         }
         return { ...handle, saveState } satisfies VmHandle

@@ -144,7 +144,8 @@ export type Phase = "snapshot" | "environment" | "clone" | "config" | "boot" | "
 const phase = (options: BootOptions, name: Phase): Effect.Effect<void> =>
   Effect.suspend(() => {
     const told = options.onPhase?.(name)
-    return Effect.isEffect(told) ? told : Effect.void
+    // at debug level: the phases' timestamps are Open's profile
+    return Effect.zipRight(Effect.logDebug(`phase: ${name}`), Effect.isEffect(told) ? told : Effect.void)
   })
 
 export interface OpenOptions extends BootOptions {

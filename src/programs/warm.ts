@@ -39,8 +39,8 @@ export const warmKey = (inputs: WarmInputs): string =>
 
 /**
  * How a warm state is stored (`ABOX_WARM_STATE`: zstd or raw; default raw): read at every warm
- * Open, it is loaded fastest as the raw stream (a sparse file: it takes what the guest's memory
- * holds), where zstd trades its decompression for a third of the disk.
+ * Open, it is loaded fastest as the raw stream, where zstd trades its decompression (≈ 0.15 s
+ * more per Open under TCG here, docs/on-disk.md) for a third of the disk.
  */
 export const warmCompression = Config.literal("zstd", "raw")("ABOX_WARM_STATE").pipe(
   Config.withDefault("raw" as StateCompression),
