@@ -44,6 +44,11 @@ describe("warm snapshot layout", () => {
     const { repoDisks: _none, ...bare } = input
     const snapshot = layoutDigest({ ...bare, warm: true, machine: "pc-q35-7.2" })
     expect(layoutDigest({ ...input, warm: true, machine: "pc-q35-7.2" })).toBe(snapshot)
+    // the resume of a suspended warm session: the disks on the argv, in the slots they were plugged into
+    const plugged = buildQemuArgv({ ...input, warm: true, plugged: true }).join(" ")
+    expect(plugged).toContain(`serial=abox-repo,bus=${WARM_HOTPLUG_PORTS.repo}`)
+    expect(plugged).toContain(`serial=abox-base,bus=${WARM_HOTPLUG_PORTS.base}`)
+    expect(layoutDigest({ ...input, warm: true, plugged: true, machine: "pc-q35-7.2" })).toBe(snapshot)
     // a cold boot's layout is another: its state never restores into a warm VM, nor the reverse
     expect(layoutDigest({ ...input, machine: "pc-q35-7.2" })).not.toBe(snapshot)
   })

@@ -46,6 +46,8 @@ export interface VmSpec {
    * runs (VmmBackend.restore of a warm state)
    */
   readonly warm?: boolean | undefined
+  /** the warm layout with `repoDisks` on the VMM's command line, in the slots a warm Open plugs */
+  readonly plugged?: boolean | undefined
 }
 
 /**

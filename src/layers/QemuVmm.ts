@@ -232,7 +232,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
           }).pipe(Effect.mapError((e) => vmmError(`restore: ${e.step}`, e.message)))
           yield* Effect.logDebug(`restore: ${restore.compression} state loaded, the VM runs`)
           // a warm snapshot's VM runs without the session's disks: they go into its free slots
-          if (spec.warm === true && spec.repoDisks !== undefined) {
+          if (spec.warm === true && spec.plugged !== true && spec.repoDisks !== undefined) {
             yield* Migration.plugRepoDisks(qmpSocket, {
               ...spec.repoDisks,
               ports: WARM_HOTPLUG_PORTS

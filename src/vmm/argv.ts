@@ -32,6 +32,11 @@ export interface QemuArgvInput {
    * restore. The same argv for the snapshot's boot and every restore but for the files it names.
    */
   readonly warm?: boolean | undefined
+  /**
+   * the warm layout with the repository disks already in their slots (the resume of a suspended
+   * session that was opened warm: its state has the devices a warm Open hot-plugged)
+   */
+  readonly plugged?: boolean | undefined
 }
 
 /** the warm layout's hot-plug slots (pcie-root-port ids): the repository disk, its baseline */
@@ -99,6 +104,18 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
           `pcie-root-port,id=${WARM_HOTPLUG_PORTS.repo},chassis=1,bus=pcie.0,addr=0x10`,
           "-device",
           `pcie-root-port,id=${WARM_HOTPLUG_PORTS.base},chassis=2,bus=pcie.0,addr=0x11`
+        ]
+      : []),
+    ...(warm && input.plugged === true && input.repoDisks !== undefined
+      ? [
+          "-drive",
+          `file=${escapeOptionValue(input.repoDisks.repo)},format=${input.repoDisks.repoFormat},if=none,id=repo,cache=writeback,discard=unmap`,
+          "-device",
+          `virtio-blk-pci,id=abox-repo,drive=repo,serial=abox-repo,bus=${WARM_HOTPLUG_PORTS.repo}`,
+          "-drive",
+          `file=${escapeOptionValue(input.repoDisks.base)},format=raw,if=none,id=base,readonly=on`,
+          "-device",
+          `virtio-blk-pci,id=abox-base,drive=base,serial=abox-base,bus=${WARM_HOTPLUG_PORTS.base}`
         ]
       : []),
     ...(input.repoDisks === undefined || warm

@@ -85,6 +85,8 @@ export const layoutDigest = (input: LayoutInput): string => {
     configDisk: "C",
     rpcSocket: "S",
     qmpSocket: "Q",
+    // the warm layout's disks, plugged in after a restore or on the argv of a later one: one layout
+    plugged: false,
     repoDisks:
       input.repoDisks === undefined
         ? undefined
