@@ -136,6 +136,22 @@ describe("GuestRpcLive over a real unix socket", () => {
     }).pipe(provide)
   )
 
+  it.live("a connection never accepted (a VM whose restore failed) does not hold up the listener's close", () =>
+    Effect.gen(function* () {
+      const path = socketPath()
+      const scope = yield* Scope.make()
+      yield* listen(path).pipe(Scope.extend(scope))
+      // the VMM connects (QEMU's chardev at its start); nobody accepts: the open gives up
+      const client = net.connect(path)
+      client.on("error", () => undefined)
+      yield* Effect.promise(() => new Promise<void>((r) => client.once("connect", () => r())))
+      yield* realDelay(50)
+      const closed = yield* Scope.close(scope, Exit.void).pipe(Effect.timeoutOption("10 seconds"))
+      client.destroy()
+      expect(closed._tag).toBe("Some")
+    }).pipe(provide)
+  )
+
   it.live("unlinks a stale socket file, refuses one that something listens on", () =>
     Effect.gen(function* () {
       const path = socketPath()

@@ -109,6 +109,23 @@ export const IMAGE_FILES = { kernel: "vmlinuz", initrd: "initrd.gz", root: "root
 /** beside `vmlinuz`: the uncompressed kernel (aarch64 images; Virtualization.framework boots no other kind) */
 export const KERNEL_IMAGE_FILE = "Image"
 
+/**
+ * `images/<name>/<digest>/warm/<key>/…`: a warm snapshot of the image (src/vmm/warmSnapshot.ts),
+ * one directory per key (image digest, QEMU version, VM layout, memory, CPUs); made under
+ * `warm/.<random>.building/` and renamed into place whole
+ */
+export const WARM_DIR = "warm"
+export const WARM_FILES = {
+  /** the VM's memory and device state (QEMU migration stream), 0600 */
+  state: "state",
+  /** the root overlay the snapshot's guest had mounted: each warm session starts from a copy */
+  root: "root.qcow2",
+  /** WarmManifest (src/domain/warm.ts) */
+  manifest: "manifest.json",
+  /** the snapshot boot's guest console */
+  consoleLog: "console.log"
+} as const
+
 /** beside the image's files: its record (ImageJson) */
 export const IMAGE_META_FILE = "image.json"
 

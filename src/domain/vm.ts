@@ -1,7 +1,7 @@
 import type * as Duration from "effect/Duration"
 import type * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
-import type { SnapshotUnsupported, StateManifest } from "./memoryState.js"
+import type { SnapshotUnsupported, StateCompression, StateManifest } from "./memoryState.js"
 import type { CloseOutcome, GuestArch, VmmBackendName } from "./session.js"
 
 /** What a VM is started with and what a running one gives back (the VmmBackend contract's data). */
@@ -39,6 +39,15 @@ export interface VmSpec {
   readonly kernelArgs?: ReadonlyArray<string>
   /** the session's repository disks (src/lib/repoDisk.ts), when it has them */
   readonly repoDisks?: RepoDisks | undefined
+  /**
+   * the warm layout (the backend's `warm` capability; docs/on-disk.md "Warm snapshots"): no
+   * config disk, the guest waits for the session message (docs/protocol.md "Warm open"); the
+   * repository disks (`repoDisks`) are not on the VMM's command line but hot-plugged once the VM
+   * runs (VmmBackend.restore of a warm state)
+   */
+  readonly warm?: boolean | undefined
+  /** the warm layout with `repoDisks` on the VMM's command line, in the slots a warm Open plugs */
+  readonly plugged?: boolean | undefined
 }
 
 /**
@@ -77,6 +86,8 @@ export interface SaveRequest {
   /** quit: the VM ends (suspend); cont: it runs on (fork of a running session) */
   readonly then: "quit" | "cont"
   readonly imageDigest: string
+  /** how the state is stored (default: zstd where installed, src/vmm/migration.ts) */
+  readonly compression?: StateCompression | undefined
   /**
    * while the VM is stopped, before its memory is saved: each drive goes on writing to `overlay`
    * (made beforehand over what the drive wrote so far, which is frozen from then on;

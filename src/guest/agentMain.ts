@@ -31,6 +31,7 @@ import { CREDENTIAL_PLACEHOLDER } from "../protocol/GuestConfig.js"
 import { ensureStateDir, loadContext } from "./context.js"
 import { GUEST_USAGE, parseArgs, rpcTarget, type GuestFlags } from "./flags.js"
 import { mountRepoDisks, type RepoDisks } from "./repoDisk.js"
+import { announceWaiting, applyHandoff, awaitHandoff, kernelSaysWait } from "./handoff.js"
 import { openRpc } from "./rpcPort.js"
 import { TunnelClient } from "./tunnels.js"
 import { PromptRunner } from "./prompts.js"
@@ -198,6 +199,9 @@ export const startEgressProxy = async (
   }
 }
 
+/** how long a warm open's hot-plugged repository disks are waited for */
+const HOTPLUG_WAIT_MS = 30_000
+
 const runCommand = (command: string, args: ReadonlyArray<string>): Promise<number | null> =>
   new Promise((resolve) => {
     const child = spawn(command, args, { stdio: "inherit" })
@@ -271,6 +275,17 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     log(`cannot open the RPC channel ${flags.rpc}: ${errorText(error)}`)
     process.exit(GuestExit.NoRpc)
   }
+  // warm open: no config disk; the session comes as the host's first message after a restore
+  const waiting = flags.session === "wait" || (flags.session === "auto" && (await kernelSaysWait()))
+  if (waiting) {
+    try {
+      await announceWaiting(rpc.stream)
+    } catch (error) {
+      log(`cannot announce on the RPC channel: ${errorText(error)}`)
+      process.exit(GuestExit.NoRpc)
+    }
+    log("waiting for a session")
+  }
   const mux = new Mux(rpc.stream, { receiveWindow: GUEST_RECEIVE_WINDOW })
   const fail = async (code: string, message: string, exit: number): Promise<never> => {
     log(message)
@@ -279,7 +294,16 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     process.exit(exit)
   }
 
-  const config = await readConfigDisk(flags.config)
+  let config: Either.Either<GuestConfig, string>
+  // a warm open's repository disks are hot-plugged: looked for until they appear
+  let hotplugWaitMs = 0
+  if (waiting) {
+    const handoff = await awaitHandoff(mux)
+    if (typeof handoff === "string") return fail("bad_config", handoff, GuestExit.BadConfig)
+    if (isRoot()) await applyHandoff(handoff, log)
+    config = Either.right(handoff.config)
+    if (handoff.repoDisks === true) hotplugWaitMs = HOTPLUG_WAIT_MS
+  } else config = await readConfigDisk(flags.config)
   if (Either.isLeft(config)) return fail("bad_config", config.left, GuestExit.BadConfig)
 
   let user: TurnUser | undefined
@@ -299,7 +323,7 @@ export const main = async (argv: ReadonlyArray<string>): Promise<never> => {
     history = loaded.turns
     messages = loaded.messages
     await fs.mkdir(flags.repo, { recursive: true, mode: 0o755 })
-    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, stateDir, setupVm)
+    if (flags.repoDisks === "auto" && isRoot()) disks = await mountRepoDisks(flags.repo, stateDir, setupVm, hotplugWaitMs)
     if (user !== undefined) await fs.chown(flags.repo, user.uid, user.gid)
   } catch (error) {
     return fail("setup_failed", `guest setup failed: ${errorText(error)}`, GuestExit.Setup)

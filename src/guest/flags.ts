@@ -21,6 +21,9 @@ export const GUEST_USAGE = `usage: abox-guest [flags]
   --repo-disks <auto|off>          mount the session's repository disks (labels abox-repo,
                                    abox-base) on the repo and the baseline (default auto)
   --on-shutdown <poweroff|exit>    after shutdown: sync + poweroff -f, or exit 0 (default poweroff)
+  --session <auto|disk|wait>       where the session comes from: the config disk, or (wait) the
+                                   host's first message after a warm snapshot's restore (default
+                                   auto: wait when the kernel command line has abox.session=wait)
   --help                           this text`
 
 export const RpcSpec = Schema.Union(
@@ -38,7 +41,8 @@ export const GuestFlags = Schema.Struct({
   run: Schema.NonEmptyString,
   user: Schema.NonEmptyString,
   onShutdown: Schema.Literal("poweroff", "exit"),
-  repoDisks: Schema.Literal("auto", "off")
+  repoDisks: Schema.Literal("auto", "off"),
+  session: Schema.Literal("auto", "disk", "wait")
 })
 export type GuestFlags = typeof GuestFlags.Type
 
@@ -50,7 +54,8 @@ export const DEFAULT_FLAGS: GuestFlags = {
   run: "/run/abox",
   user: "agent",
   onShutdown: "poweroff",
-  repoDisks: "auto"
+  repoDisks: "auto",
+  session: "auto"
 }
 
 const flagNames: Record<string, keyof GuestFlags> = {
@@ -61,7 +66,8 @@ const flagNames: Record<string, keyof GuestFlags> = {
   "--run": "run",
   "--user": "user",
   "--on-shutdown": "onShutdown",
-  "--repo-disks": "repoDisks"
+  "--repo-disks": "repoDisks",
+  "--session": "session"
 }
 
 export type ParsedArgs = { readonly _tag: "Run"; readonly flags: GuestFlags } | { readonly _tag: "Help" }

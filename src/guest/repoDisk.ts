@@ -40,6 +40,24 @@ const run = (command: string, args: ReadonlyArray<string>): Promise<void> =>
     )
   })
 
+/** the device nodes of the disks with the repository's and the baseline's serials */
+const findRepoDisks = async (): Promise<{ repo?: string | undefined; base?: string | undefined }> => {
+  let names: Array<string>
+  try {
+    names = (await fs.readdir("/sys/block")).filter((name) => /^vd[a-z]+$/.test(name))
+  } catch {
+    return {}
+  }
+  let repo: string | undefined
+  let base: string | undefined
+  for (const name of names.sort()) {
+    const serial = await readSerial(name)
+    if (serial === REPO_SERIAL) repo ??= `/dev/${name}`
+    if (serial === BASE_SERIAL) base ??= `/dev/${name}`
+  }
+  return { repo, base }
+}
+
 export interface RepoDisks {
   /** the repository disk is mounted on the repository directory */
   readonly repo: boolean
@@ -59,21 +77,21 @@ export const mountRepoDisks = async (
   repoDir: string,
   stateDir: string,
   /** an environment's setup VM: the repository is read, never written */
-  readOnly = false
+  readOnly = false,
+  /**
+   * a warm open: the host hot-plugged both disks just before the session came; the kernel
+   * probes them while the agent starts, so they are looked for until this many ms have passed
+   */
+  hotplugWaitMs = 0
 ): Promise<RepoDisks> => {
-  let names: Array<string>
-  try {
-    names = (await fs.readdir("/sys/block")).filter((name) => /^vd[a-z]+$/.test(name))
-  } catch {
-    return { repo: false, baseline: false }
+  const deadline = Date.now() + hotplugWaitMs
+  let { repo, base } = await findRepoDisks()
+  while ((repo === undefined || base === undefined) && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 10))
+    ;({ repo, base } = await findRepoDisks())
   }
-  let repo: string | undefined
-  let base: string | undefined
-  for (const name of names.sort()) {
-    const serial = await readSerial(name)
-    if (serial === REPO_SERIAL) repo ??= `/dev/${name}`
-    if (serial === BASE_SERIAL) base ??= `/dev/${name}`
-  }
+  if (hotplugWaitMs > 0 && (repo === undefined || base === undefined))
+    throw new Error(`the hot-plugged repository disks did not appear within ${hotplugWaitMs} ms`)
   if (repo !== undefined) {
     // nosuid/nodev: the repository holds the user's files, never the guest's privileges;
     // noinit_itable: the kernel's lazy inode-table zeroing would write the whole table under TCG

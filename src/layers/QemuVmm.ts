@@ -22,10 +22,10 @@ import {
 } from "../domain/vm.js"
 import type { StateCompression, StateManifest } from "../domain/memoryState.js"
 import * as Migration from "../vmm/migration.js"
-import { type Accel, buildQemuArgv, minimalEnv, qemuBinary } from "../vmm/argv.js"
+import { type Accel, buildQemuArgv, minimalEnv, qemuBinary, WARM_HOTPLUG_PORTS } from "../vmm/argv.js"
 import { kvmOpens, probeKvm } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
-import { ensureSocketDir, sessionSocketPath } from "../lib/socketPath.js"
+import { ensureSocketDir, rpcSocketPath, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
 import { SESSION_FILES } from "../domain/sessionLayout.js"
 import { findExecutable } from "../lib/executable.js"
@@ -33,6 +33,11 @@ import * as CommandExecutor from "@effect/platform/CommandExecutor"
 // the Linux backend's own process executor (the KVM probe): a host layer, whoever builds it
 import * as NodeCommandExecutor from "@effect/platform-node/NodeCommandExecutor"
 import * as NodeFileSystem from "@effect/platform-node/NodeFileSystem"
+import type * as net from "node:net"
+import * as Deferred from "effect/Deferred"
+import { listenUnixServer } from "../lib/unixServer.js"
+import { WARM_READY } from "../protocol/Messages.js"
+import type { WarmBuildSpec } from "../domain/warm.js"
 
 export interface QemuVmmOptions {
   /** guest architecture this backend runs (default: the host's) */
@@ -198,6 +203,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
             qmpSocket,
             statePath: request.statePath,
             then: request.then,
+            compression: request.compression,
             machineAlias,
             whileStopped:
               request.snapshotDisks === undefined || request.snapshotDisks.length === 0
@@ -224,6 +230,15 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
             compression: restore.compression,
             qemuExited: Effect.map(Effect.timeoutOption(handle.exited, Duration.zero), Option.isSome)
           }).pipe(Effect.mapError((e) => vmmError(`restore: ${e.step}`, e.message)))
+          yield* Effect.logDebug(`restore: ${restore.compression} state loaded, the VM runs`)
+          // a warm snapshot's VM runs without the session's disks: they go into its free slots
+          if (spec.warm === true && spec.plugged !== true && spec.repoDisks !== undefined) {
+            yield* Migration.plugRepoDisks(qmpSocket, {
+              ...spec.repoDisks,
+              ports: WARM_HOTPLUG_PORTS
+            }).pipe(Effect.mapError((e) => vmmError(`restore: ${e.step}`, e.message)))
+            yield* Effect.logDebug("restore: repository disks plugged in")
+          }
         }
         return { ...handle, saveState } satisfies VmHandle
       })
@@ -258,13 +273,108 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
       )
     })
 
+    /** the warm layout's argv input, paths aside (what a warm snapshot's key depends on) */
+    const warmInputs = Effect.fn("QemuVmm.warm.inputs")(function* (
+      image: { readonly digest: string },
+      resources: { readonly cpus: number; readonly memoryMiB: number }
+    ) {
+      const qemu = yield* qemuPath
+      const accel = yield* chooseAccel(qemu)
+      return {
+        imageDigest: image.digest,
+        qemuVersion: yield* version(qemu),
+        layoutDigest: Migration.layoutDigest({
+          arch,
+          accel,
+          machine: machineAlias,
+          rootDiskFormat: "qcow2",
+          cpus: resources.cpus,
+          memoryMiB: resources.memoryMiB,
+          warm: true
+        }),
+        cpus: resources.cpus,
+        memoryMiB: resources.memoryMiB
+      }
+    })
+
+    /**
+     * The snapshot's boot: a raw listener on the rpc socket (QEMU connects at start), the golden
+     * in the warm layout, WARM_READY from the waiting agent, then the state saved (migration.ts)
+     * and the VM quit. No session exists: no lock, no config, no broker.
+     */
+    const warmBuild = Effect.fn("QemuVmm.warm.build")(function* (spec: WarmBuildSpec) {
+      const qemu = yield* qemuPath
+      const accel = yield* chooseAccel(qemu)
+      // <workDir>/rpc.sock, or a short path where that is too long for a unix socket
+      const rpcSocket = rpcSocketPath(spec.workDir)
+      yield* ensureSocketDir(rpcSocket).pipe(Effect.mapError((e) => vmmError("warm", e.message)))
+      const ready = yield* Deferred.make<void>()
+      const held: Array<net.Socket> = []
+      yield* Effect.acquireRelease(
+        listenUnixServer(rpcSocket, {}, (socket) => {
+          held.push(socket)
+          let seen = ""
+          socket.on("error", () => undefined)
+          socket.on("data", (chunk: Buffer) => {
+            seen = (seen + chunk.toString("latin1")).slice(-64)
+            if (seen.includes(WARM_READY)) Deferred.unsafeDone(ready, Effect.void)
+          })
+        }).pipe(Effect.mapError((e) => vmmError("warm", e.message))),
+        // the connection stays open until QEMU has quit: the saved guest never sees its host go
+        (server) =>
+          Effect.sync(() => {
+            for (const socket of held) socket.destroy()
+            server.close()
+            fs.rmSync(rpcSocket, { force: true })
+          })
+      )
+      const vm = yield* boot(
+        {
+          sessionId: "warm",
+          sessionDir: spec.workDir,
+          arch,
+          kernel: spec.kernel,
+          initrd: spec.initrd,
+          rootDisk: spec.rootDisk,
+          rootDiskFormat: "qcow2",
+          configDisk: "",
+          rpcSocket,
+          consoleLog: path.join(spec.workDir, SESSION_FILES.consoleLog),
+          cpus: spec.cpus,
+          memoryMiB: spec.memoryMiB,
+          lockFd: -1,
+          bounds: { graceful: Duration.zero, signalled: "5 seconds", killed: "5 seconds" },
+          warm: true
+        },
+        qemu,
+        accel
+      )
+      yield* Effect.raceFirst(
+        Deferred.await(ready),
+        vm.exited.pipe(
+          Effect.flatMap((exit) =>
+            Effect.fail(
+              vmmError("warm", `the VM exited before its guest waited (exit ${exit.exitCode ?? exit.signal})`)
+            )
+          )
+        )
+      ).pipe(
+        Effect.timeoutFail({
+          duration: "3 minutes",
+          onTimeout: () => vmmError("warm", "the guest did not reach its waiting state within 3 minutes")
+        })
+      )
+      return yield* vm.saveState({ statePath: spec.stateFile, then: "quit", imageDigest: spec.imageDigest, compression: spec.compression })
+    }, Effect.scoped)
+
     return VmmBackend.of({
       name: "qemu",
       arch,
       start,
       restore,
       repoDiskFormat: "qcow2",
-      rootDiskFormat: "qcow2"
+      rootDiskFormat: "qcow2",
+      warm: { inputs: warmInputs, build: warmBuild }
     } satisfies VmmBackendShape)
   })
 

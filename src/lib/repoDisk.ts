@@ -249,3 +249,13 @@ export const buildRepoDisks = Effect.fn("repoDisk.build")(function* (
   })
   return { repo: files.repo, repoFormat: format, base: files.base } satisfies RepoDisks
 })
+
+/** removes a session's repository disks (a warm restore that failed: they are made again) */
+export const removeRepoDisks = (dir: string): Effect.Effect<void> =>
+  Effect.promise(() =>
+    Promise.all(
+      [sessionFile(dir, "repoBase"), sessionFile(dir, "repoQcow2"), sessionFile(dir, "repoRaw")].map((file) =>
+        fs.rm(file, { force: true })
+      )
+    )
+  ).pipe(Effect.asVoid)

@@ -254,6 +254,25 @@ const copyInto = (source: string, target: string) =>
   })
 
 /**
+ * The root disk of a session restored from a warm snapshot: a copy of the snapshot's overlay
+ * (the disk its guest had mounted; the guest's memory and that disk must agree), which is an
+ * overlay of the golden like any other (the same backing file), so resume, gc and `image rm`
+ * treat the session as they treat one that booted.
+ */
+export const copyWarmRoot = Effect.fn("rootDisk.copyWarm")(function* (
+  image: Pick<GoldenImage, "identity">,
+  warmRootDisk: string,
+  dir: string
+) {
+  const file = sessionFile(dir, "rootQcow2")
+  yield* copyInto(warmRootDisk, file)
+  return {
+    file,
+    info: { format: "qcow2", kind: "overlay", backing: image.identity.digest }
+  } satisfies RootDisk
+})
+
+/**
  * Makes a session independent of its image (`abox image rm --force`), each step atomic so that
  * a crash at any point leaves it bootable: the kernel and initrd are copied beside it first
  * (resume prefers them; they are the image's own bytes), then an overlay is flattened into a

@@ -4,6 +4,7 @@ import type * as CommandExecutor from "@effect/platform/CommandExecutor"
 import * as Duration from "effect/Duration"
 import * as Effect from "effect/Effect"
 import * as ParseResult from "effect/ParseResult"
+import { warmUsage } from "./warm.js"
 import * as Schema from "effect/Schema"
 import * as Stream from "effect/Stream"
 import { existsSync } from "node:fs"
@@ -318,6 +319,8 @@ export interface ImageListing extends RegisteredImage {
   readonly sessions: number
   /** what its golden root.raw occupies: shared by every session whose root disk is an overlay of it */
   readonly sharedBytes: number
+  /** its warm snapshots (src/programs/warm.ts) and the bytes they occupy */
+  readonly warm: { readonly snapshots: number; readonly bytes: number }
 }
 
 export const imageList = Effect.fn("image.list")(function* () {
@@ -326,7 +329,8 @@ export const imageList = Effect.fn("image.list")(function* () {
   const images = yield* Effect.forEach(listed.images, (image) =>
     Effect.all({
       sessions: Effect.map(imageUsers(image), (users) => users.length),
-      sharedBytes: allocatedBytes(goldenOf(image).rootDisk)
+      sharedBytes: allocatedBytes(goldenOf(image).rootDisk),
+      warm: warmUsage(goldenOf(image))
     }).pipe(Effect.map((usage): ImageListing => ({ ...image, ...usage })))
   )
   return { ...listed, images }

@@ -13,9 +13,10 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { writeConfigDisk } from "../lib/disk.js"
-import { buildRepoDisks, existingRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
-import { checkOverlay, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
+import { buildRepoDisks, existingRepoDisks, removeRepoDisks, repoDiskTools } from "../lib/repoDisk.js"
+import { checkOverlay, copyWarmRoot, sessionRootDisk, standaloneKernel } from "../lib/rootDisk.js"
 import { settleDisks } from "../lib/frozenLayers.js"
+import { warmSnapshotFor } from "./warm.js"
 import { stripTerminalControls } from "../lib/terminalText.js"
 import { earlyExitReport } from "../vmm/console.js"
 import { snapshotSource } from "../lib/snapshot.js"
@@ -142,6 +143,11 @@ export interface BootOptions {
   readonly onPhase?: ((phase: Phase) => Effect.Effect<void> | void) | undefined
   /** told as the snapshot moves into the session (the CLI's progress bar) */
   readonly onProgress?: ((progress: TransferProgress) => Effect.Effect<void>) | undefined
+  /**
+   * Open only: restore the image's warm snapshot instead of booting (default true; also
+   * `ABOX_WARM=0`); where it cannot be used, Open boots and says why at debug level
+   */
+  readonly warm?: boolean | undefined
   /** variables for turn processes (the repository's environment; docs/environments.md) */
   readonly env?: Readonly<Record<string, string>> | undefined
   /**
@@ -165,7 +171,8 @@ export type Phase = "snapshot" | "environment" | "clone" | "config" | "boot" | "
 const phase = (options: BootOptions, name: Phase): Effect.Effect<void> =>
   Effect.suspend(() => {
     const told = options.onPhase?.(name)
-    return Effect.isEffect(told) ? told : Effect.void
+    // at debug level: the phases' timestamps are Open's profile
+    return Effect.zipRight(Effect.logDebug(`phase: ${name}`), Effect.isEffect(told) ? told : Effect.void)
   })
 
 export interface OpenOptions extends BootOptions {
@@ -344,7 +351,9 @@ const boot = Effect.fn("session.boot")(function* (
   lock: HeldLock,
   options: BootOptions,
   recordedPolicy: BrokerPolicy,
-  repoDisks: RepoDisks | undefined
+  repoDisks: RepoDisks | undefined,
+  /** restore this warm state instead of booting; the config goes as the first message */
+  warm?: { readonly state: string; readonly manifest: StateManifest } | undefined
 ) {
   const store = yield* SessionStore
   const vmm = yield* VmmBackend
@@ -361,7 +370,9 @@ const boot = Effect.fn("session.boot")(function* (
   const policy = model.policy
   // a new CA every boot: its key lives in this process's memory only, its certificate goes to the guest
   const broker = yield* httpsBroker.make(policy, { sessionId: meta.id, sessionDir: dir })
-  yield* writeConfig(meta.id, dir, guestConfigFor(meta.id, options, policy, broker, model.spec))
+  const config = guestConfigFor(meta.id, options, policy, broker, model.spec)
+  // written for a warm session too: its resume boots from the disk
+  yield* writeConfig(meta.id, dir, config)
 
   const vmRef = yield* Ref.make(Option.none<VmHandle>())
   yield* Effect.addFinalizer(() =>
@@ -392,7 +403,8 @@ const boot = Effect.fn("session.boot")(function* (
   )
   const listener = yield* rpc.listen(files.rpcSocket, {
     helloTimeout: options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT,
-    shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT
+    shutdownTimeout: options.shutdownTimeout ?? DEFAULT_SHUTDOWN_TIMEOUT,
+    ...(warm === undefined ? {} : { handoff: { config, repoDisks: repoDisks !== undefined } })
   })
   const spec: VmSpec = {
     sessionId: meta.id,
@@ -409,13 +421,26 @@ const boot = Effect.fn("session.boot")(function* (
     memoryMiB: options.memoryMiB ?? meta.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
     lockFd: lock.fd,
     bounds: { ...DEFAULT_BOUNDS, ...options.bounds },
-    ...(repoDisks === undefined ? {} : { repoDisks })
+    ...(repoDisks === undefined ? {} : { repoDisks }),
+    ...(warm === undefined ? {} : { warm: true })
   }
-  // a suspended session: its saved memory, when it still fits (else a cold boot, said why)
-  const restored = yield* restoreSaved(vmm, spec, meta.image?.digest ?? "", (message) =>
-    Effect.logWarning(message)
-  )
-  const vm = Option.isSome(restored) ? restored.value : yield* vmm.start(spec)
+  // a warm open: the image's warm state in the warm layout (the repository disks plugged in
+  // after the load); else a suspended session's saved memory when it still fits (else a cold
+  // boot, said why)
+  const restored =
+    warm === undefined
+      ? yield* restoreSaved(vmm, spec, meta.image?.digest ?? "", (message) => Effect.logWarning(message))
+      : Option.none<VmHandle>()
+  const vm =
+    warm !== undefined && vmm.restore !== undefined
+      ? yield* vmm.restore(spec, {
+          statePath: warm.state,
+          manifest: warm.manifest,
+          imageDigest: meta.image?.digest ?? ""
+        })
+      : Option.isSome(restored)
+        ? restored.value
+        : yield* vmm.start(spec)
   yield* Ref.set(vmRef, Option.some(vm))
 
   // A VM that dies before its hello is reported at once, not after the hello timeout.
@@ -567,6 +592,9 @@ const sessionFrom = (
   }
 }
 
+/** a restored guest answers within seconds: one that does not is given up for a boot */
+const WARM_HELLO_TIMEOUT = Duration.minutes(1)
+
 /** the last `max` characters of a turn's output, cut at a line where one is near */
 export const outputTail = (text: string, max = 4000): string => {
   if (text.length <= max) return text
@@ -618,26 +646,28 @@ const runInstall = (
   })
 
 /**
- * Runs `build` in a scope of its own, forked from the caller's: on success the resources join
- * the caller's scope; on failure or interruption they are released at once (VM stopped,
- * lock freed) and `undo` runs, so nothing half-made is left.
+ * Runs `build` in a scope of its own, forked from the caller's: on success its resources join
+ * the caller's scope; on failure they are released at once (e.g. a failed warm restore's VM
+ * stopped and its rpc.sock freed before the boot that replaces it).
+ */
+const isolated = <A, E, R>(build: Effect.Effect<A, E, R | Scope.Scope>) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.fork(yield* Effect.scope, ExecutionStrategy.sequential)
+    return yield* build.pipe(
+      Scope.extend(scope),
+      Effect.onExit((exit) => (Exit.isSuccess(exit) ? Effect.void : Scope.close(scope, exit)))
+    )
+  })
+
+/**
+ * Runs `build` in a scope of its own (`isolated`): on success the resources join the caller's
+ * scope; on failure or interruption they are released at once (VM stopped, lock freed) and
+ * `undo` runs, so nothing half-made is left.
  */
 const transactional = <A, E, R, E2, R2>(
   build: Effect.Effect<A, E, R | Scope.Scope>,
   undo: Effect.Effect<void, E2, R2>
-) =>
-  Effect.gen(function* () {
-    const parent = yield* Effect.scope
-    const scope = yield* Scope.fork(parent, ExecutionStrategy.sequential)
-    return yield* build.pipe(
-      Scope.extend(scope),
-      Effect.onExit((exit) =>
-        Exit.isSuccess(exit)
-          ? Effect.void
-          : Scope.close(scope, exit).pipe(Effect.zipRight(Effect.ignore(undo)))
-      )
-    )
-  })
+) => isolated<A, E, R>(build).pipe(Effect.onError(() => Effect.ignore(undo)))
 
 /**
  * A failed Open removes its session directory: the VM's logs (the guest console, the VMM's own
@@ -694,6 +724,15 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     })
   }
   const tools = vmm.repoDiskFormat === undefined ? undefined : yield* repoDiskTools(vmm.repoDiskFormat)
+  const resources = {
+    cpus: options.cpus ?? DEFAULT_CPUS,
+    memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB
+  }
+  // before the session exists: a snapshot made here holds no session's anything
+  const warm = yield* warmSnapshotFor(image, resources, { enabled: options.warm })
+  if (warm._tag === "Cold") yield* Effect.logDebug(`open: booting (no warm open): ${warm.reason}`)
+  else
+    yield* Effect.logDebug(`open: restoring the warm snapshot ${warm.dir}${warm.built ? " (made now)" : ""}`)
 
   // binds the name too (NameTaken before anything is made); undo removes both
   const meta = yield* store.create({
@@ -703,7 +742,7 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     image: image.identity,
     guest: { arch: image.arch, protocol: image.protocol },
     vmm: { backend: vmm.name },
-    resources: { cpus: options.cpus ?? DEFAULT_CPUS, memoryMiB: options.memoryMiB ?? DEFAULT_MEMORY_MIB },
+    resources,
     policy
   })
   // create makes every new session in the current home
@@ -721,19 +760,67 @@ export const open = Effect.fn("open")(function* (options: OpenOptions) {
     Effect.gen(function* () {
       const held = yield* lock.acquire(session)
       yield* phase(options, "clone")
-      // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
-      const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
-      const made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
       // the snapshot as a disk built here (no per-file work in the guest), where the backend
       // attaches one and the tools are present; else a tar streamed in after the hello
-      let disks: RepoDisks | undefined = undefined
-      if (vmm.repoDiskFormat !== undefined && tools !== undefined) {
+      const makeDisks = Effect.gen(function* () {
+        if (vmm.repoDiskFormat === undefined || tools === undefined) return undefined
         yield* phase(options, "transfer")
         yield* progress(false)
-        disks = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
-        if (disks !== undefined) yield* progress(true)
+        const built = yield* buildRepoDisks(scan, dir, vmm.repoDiskFormat, tools)
+        if (built !== undefined) yield* progress(true)
+        return built
+      })
+      let disks: RepoDisks | undefined = yield* makeDisks
+      // warm: the snapshot's root copied, the VM restored, the repository disks plugged in; a
+      // restore that fails boots instead, from disks made anew (the failed guest may have
+      // mounted them)
+      const restored =
+        warm._tag === "Cold"
+          ? undefined
+          : yield* isolated(
+              Effect.gen(function* () {
+                const root = yield* copyWarmRoot(image, warm.root, dir)
+                const made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
+                const booted = yield* boot(
+                  made,
+                  dir,
+                  image,
+                  held,
+                  {
+                    ...options,
+                    helloTimeout: Duration.min(
+                      Duration.decode(options.helloTimeout ?? DEFAULT_HELLO_TIMEOUT),
+                      WARM_HELLO_TIMEOUT
+                    )
+                  },
+                  policy,
+                  disks,
+                  { state: warm.state, manifest: warm.manifest }
+                )
+                return { made, booted }
+              })
+            ).pipe(
+              Effect.tapError((error) =>
+                Effect.logDebug(`open: the warm snapshot ${warm.dir} did not restore, booting: ${error.message}`)
+              ),
+              Effect.option,
+              Effect.map(Option.getOrUndefined)
+            )
+      let made: SessionMeta
+      let booted: Effect.Effect.Success<ReturnType<typeof boot>>
+      if (restored !== undefined) {
+        made = restored.made
+        booted = restored.booted
+      } else {
+        if (warm._tag === "Warm" && disks !== undefined) {
+          yield* removeRepoDisks(dir)
+          disks = yield* makeDisks
+        }
+        // an overlay of the golden where the backend attaches qcow2 (QEMU), recorded for resume
+        const root = yield* images.cloneRoot(image, dir, vmm.rootDiskFormat === "qcow2")
+        made = yield* store.update(meta.id, (current) => ({ ...current, rootDisk: root.info }))
+        booted = yield* boot(made, dir, image, held, options, policy, disks)
       }
-      const booted = yield* boot(made, dir, image, held, options, policy, disks)
       if (disks === undefined || booted.connection.hello.repoDisk !== true) {
         yield* phase(options, "transfer")
         yield* progress(false)

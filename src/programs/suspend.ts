@@ -166,7 +166,17 @@ export const restoreSaved = (
         })
       }
       const state = { statePath: savedStateFiles(spec.sessionDir).state, manifest: saved.value, imageDigest }
-      return Option.some(yield* vmm.restore(spec, state))
+      const restore = vmm.restore
+      return Option.some(
+        yield* restore(spec, state).pipe(
+          // a session opened warm was saved in the warm layout, its repository disks in their slots
+          Effect.catchTag("StateMismatch", (mismatch) =>
+            mismatch.field === "layoutDigest" && vmm.warm !== undefined && spec.repoDisks !== undefined
+              ? restore({ ...spec, warm: true, plugged: true }, state)
+              : Effect.fail(mismatch)
+          )
+        )
+      )
     })
     const restored = yield* Effect.either(attempt)
     if (restored._tag === "Right" && Option.isNone(restored.right)) return Option.none()

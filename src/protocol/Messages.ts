@@ -1,4 +1,5 @@
 import * as Schema from "effect/Schema"
+import { GuestConfig } from "./GuestConfig.js"
 
 /** Protocol v4: see docs/protocol.md. One protocol number per connection, checked in hello. */
 export const PROTOCOL_VERSION = 4
@@ -275,6 +276,27 @@ export const ErrorMsg = msg("error", {
   channel: Schema.optional(Schema.Number)
 })
 
+/**
+ * host → guest, the first message of a warm open (docs/protocol.md "Warm open"): a guest restored
+ * from its image's warm snapshot waits for its session instead of reading a config disk. It
+ * carries the config (what the config disk carries: nothing secret), the host's clock (ms since
+ * the epoch; the guest's clock stopped at the snapshot) and fresh entropy for the guest's pool
+ * (every restore of one snapshot must differ). The guest then says hello as after a boot.
+ */
+/**
+ * What a guest waiting for its session writes on its raw RPC port before any frame (once, at the
+ * snapshot's boot): the host building the warm snapshot saves the VM when it reads it.
+ */
+export const WARM_READY = "abox-warm-ready\n"
+
+export const SessionHandoff = msg("session", {
+  config: GuestConfig,
+  time: Schema.Number,
+  entropy: Base64,
+  /** the host hot-plugged the session's repository disks: wait for them, mount them as at boot */
+  repoDisks: Schema.optional(Schema.Literal(true))
+})
+
 export const ControlMessage = Schema.Union(
   Hello,
   Ready,
@@ -297,7 +319,9 @@ export const ControlMessage = Schema.Union(
   TtyTurn,
   TurnInput,
   TurnResize,
-  TurnSignal
+  TurnSignal,
+  SessionHandoff
 )
 export type ControlMessage = typeof ControlMessage.Type
 export type HelloMessage = typeof Hello.Type
+export type SessionHandoffMessage = typeof SessionHandoff.Type

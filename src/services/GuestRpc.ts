@@ -1,4 +1,5 @@
 import * as Context from "effect/Context"
+import type { GuestConfig } from "../protocol/GuestConfig.js"
 import type * as Duration from "effect/Duration"
 import type * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
@@ -186,6 +187,18 @@ export interface GuestRpcOptions {
   readonly shutdownTimeout: Duration.DurationInput
   /** after the tar's EOF, the bound on the wait for `transfer_end` (default 5 minutes) */
   readonly transferEndTimeout?: Duration.DurationInput
+  /**
+   * warm open (docs/protocol.md "Warm open"): the guest was restored from a warm snapshot and
+   * waits; the connection's first message is `session` with this config, the host's clock and
+   * fresh entropy (each connection its own), before the hello is awaited
+   */
+  readonly handoff?:
+    | {
+        readonly config: GuestConfig
+        /** the repository disks were hot-plugged: the guest waits for them and mounts them */
+        readonly repoDisks?: boolean | undefined
+      }
+    | undefined
 }
 
 /**

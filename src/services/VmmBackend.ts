@@ -12,6 +12,23 @@ import type {
   VmmUnavailable,
   VmSpec
 } from "../domain/vm.js"
+import type { StateManifest } from "../domain/memoryState.js"
+import type { WarmBuildSpec, WarmInputs } from "../domain/warm.js"
+
+/**
+ * Warm snapshots of an image (QEMU; absent where the VMM cannot save and restore a VM's memory,
+ * vfkit today): Open restores one (`restore` with a VmSpec in the warm layout) instead of
+ * booting (docs/on-disk.md "Warm snapshots").
+ */
+export interface WarmSnapshotShape {
+  /** what a snapshot of this image at these resources must have been made with, on this host */
+  readonly inputs: (
+    image: { readonly digest: string },
+    resources: { readonly cpus: number; readonly memoryMiB: number }
+  ) => Effect.Effect<WarmInputs, VmmError | VmmUnavailable>
+  /** boots the golden in the warm layout, waits for the guest to wait, saves its state, ends it */
+  readonly build: (spec: WarmBuildSpec) => Effect.Effect<StateManifest, VmmError | VmmUnavailable>
+}
 
 /**
  * Starts a VM. The handle is scoped: its finalizer is the VMM half of Close (bounded wait for
@@ -38,6 +55,8 @@ export interface VmmBackendShape {
    * the filesystem cannot reflink; absent or raw: a raw root (a reflink or a sparse copy)
    */
   readonly rootDiskFormat?: DiskFormat
+  /** absent: every Open boots (the backend cannot restore a warm snapshot) */
+  readonly warm?: WarmSnapshotShape
 }
 
 export class VmmBackend extends Context.Tag("abox/VmmBackend")<VmmBackend, VmmBackendShape>() {}

@@ -25,7 +25,22 @@ export interface QemuArgvInput {
   readonly machine?: string | undefined
   /** start paused, waiting for `migrate-incoming` over QMP (a restore) */
   readonly incoming?: boolean | undefined
+  /**
+   * the layout of an image's warm snapshot (docs/on-disk.md "Warm snapshots"): no config disk
+   * (the guest waits for its session, `abox.session=wait`) and no repository disk at start, but
+   * two free hot-plug slots (WARM_HOTPLUG_PORTS) the repository disks are plugged into after the
+   * restore. The same argv for the snapshot's boot and every restore but for the files it names.
+   */
+  readonly warm?: boolean | undefined
+  /**
+   * the warm layout with the repository disks already in their slots (the resume of a suspended
+   * session that was opened warm: its state has the devices a warm Open hot-plugged)
+   */
+  readonly plugged?: boolean | undefined
 }
+
+/** the warm layout's hot-plug slots (pcie-root-port ids): the repository disk, its baseline */
+export const WARM_HOTPLUG_PORTS = { repo: "abox-hp-repo", base: "abox-hp-base" } as const
 
 export const qemuBinary = (arch: GuestArch): string =>
   arch === "x86_64" ? "qemu-system-x86_64" : "qemu-system-aarch64"
@@ -45,7 +60,14 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
   const machine = `${input.machine ?? (x86 ? "q35" : "virt")},accel=${input.accel}`
   const cpu = input.accel === "tcg" ? "max" : "host"
   const console = x86 ? "ttyS0" : "ttyAMA0"
-  const append = [`console=${console}`, "quiet", "panic=-1", ...(input.kernelArgs ?? [])].join(" ")
+  const warm = input.warm === true
+  const append = [
+    `console=${console}`,
+    "quiet",
+    "panic=-1",
+    ...(warm ? ["abox.session=wait"] : []),
+    ...(input.kernelArgs ?? [])
+  ].join(" ")
   return [
     "-nodefaults",
     "-no-user-config",
@@ -68,13 +90,35 @@ export const buildQemuArgv = (input: QemuArgvInput): Array<string> => {
     "-drive",
     // discard=unmap: the guest's deletes (ext4 mounted with discard) free the host's blocks
     `file=${escapeOptionValue(input.rootDisk)},format=${input.rootDiskFormat ?? "raw"},if=virtio,cache=writeback,discard=unmap`,
-    "-drive",
-    `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`,
+    ...(warm
+      ? []
+      : ["-drive", `file=${escapeOptionValue(input.configDisk)},format=raw,if=virtio,readonly=on`]),
     // the repository (writable: an overlay of the baseline) and the baseline (read-only), found
     // by the guest by their serials; pinned to high PCI slots so that they enumerate after the
     // root and config disks (auto-assigned low slots), which stay vda and vdb for the initrd
     // of every image
-    ...(input.repoDisks === undefined
+    // the warm layout: the same slots as root ports, empty until the restore plugs the disks in
+    ...(warm
+      ? [
+          "-device",
+          `pcie-root-port,id=${WARM_HOTPLUG_PORTS.repo},chassis=1,bus=pcie.0,addr=0x10`,
+          "-device",
+          `pcie-root-port,id=${WARM_HOTPLUG_PORTS.base},chassis=2,bus=pcie.0,addr=0x11`
+        ]
+      : []),
+    ...(warm && input.plugged === true && input.repoDisks !== undefined
+      ? [
+          "-drive",
+          `file=${escapeOptionValue(input.repoDisks.repo)},format=${input.repoDisks.repoFormat},if=none,id=repo,cache=writeback,discard=unmap`,
+          "-device",
+          `virtio-blk-pci,id=abox-repo,drive=repo,serial=abox-repo,bus=${WARM_HOTPLUG_PORTS.repo}`,
+          "-drive",
+          `file=${escapeOptionValue(input.repoDisks.base)},format=raw,if=none,id=base,readonly=on`,
+          "-device",
+          `virtio-blk-pci,id=abox-base,drive=base,serial=abox-base,bus=${WARM_HOTPLUG_PORTS.base}`
+        ]
+      : []),
+    ...(input.repoDisks === undefined || warm
       ? []
       : [
           "-drive",

@@ -85,6 +85,8 @@ export const layoutDigest = (input: LayoutInput): string => {
     configDisk: "C",
     rpcSocket: "S",
     qmpSocket: "Q",
+    // the warm layout's disks, plugged in after a restore or on the argv of a later one: one layout
+    plugged: false,
     repoDisks:
       input.repoDisks === undefined
         ? undefined
@@ -322,3 +324,54 @@ export const checkManifest = (
   }
   return Effect.void
 }
+
+/** the repository disks a warm restore plugs in: the files, and the hot-plug slots (argv.ts) */
+export interface PluggedRepoDisks {
+  readonly repo: string
+  readonly repoFormat: "qcow2" | "raw"
+  readonly base: string
+  readonly ports: { readonly repo: string; readonly base: string }
+}
+
+/**
+ * Hot-plugs the session's repository disks into a running VM of the warm layout: each file a
+ * block node (`blockdev-add`; the repository's node is named DRIVE_IDS.repo, as its `-drive` is
+ * in a cold boot, so that `snapshotDrives` finds it), then a virtio-blk device on its free slot
+ * with the serial the guest looks for (src/guest/repoDisk.ts), as the cold argv attaches them.
+ */
+export const plugRepoDisks = Effect.fn("Migration.plugRepoDisks")(function* (
+  qmpSocket: string,
+  disks: PluggedRepoDisks
+) {
+  yield* Effect.scoped(
+    Effect.gen(function* () {
+      const qmp = yield* connectQmp(qmpSocket, "connect")
+      yield* run(qmp, "blockdev-add base", "blockdev-add", {
+        driver: "raw",
+        "node-name": "base",
+        "read-only": true,
+        file: { driver: "file", filename: disks.base }
+      })
+      yield* run(qmp, "blockdev-add repo", "blockdev-add", {
+        driver: disks.repoFormat,
+        "node-name": DRIVE_IDS.repo,
+        discard: "unmap",
+        file: { driver: "file", filename: disks.repo }
+      })
+      yield* run(qmp, "device_add repo", "device_add", {
+        driver: "virtio-blk-pci",
+        id: "abox-repo",
+        drive: DRIVE_IDS.repo,
+        serial: "abox-repo",
+        bus: disks.ports.repo
+      })
+      yield* run(qmp, "device_add base", "device_add", {
+        driver: "virtio-blk-pci",
+        id: "abox-base",
+        drive: "base",
+        serial: "abox-base",
+        bus: disks.ports.base
+      })
+    })
+  )
+})

@@ -43,12 +43,17 @@ const decodeLine = (line: string): QmpLine | undefined => {
 }
 
 /**
- * Run one QMP command (after the capabilities handshake) and resolve with its `return` value;
+ * Run one QMP command (after the capabilities handshake; `args` are its `arguments`) and resolve with its `return` value;
  * rejects with a QmpError (the socket fails or closes, QEMU answers an error or a line that is
  * not QMP, or no answer within `timeoutMs`). `quit` may close the socket before answering; that
  * counts as success. The socket is always destroyed when it settles.
  */
-export const qmpCommand = (socketPath: string, execute: string, timeoutMs = 2000): Promise<unknown> =>
+export const qmpCommand = (
+  socketPath: string,
+  execute: string,
+  timeoutMs = 2000,
+  args?: Readonly<Record<string, unknown>>
+): Promise<unknown> =>
   new Promise((resolve, reject) => {
     const socket = net.connect(socketPath)
     let buffered = ""
@@ -85,7 +90,7 @@ export const qmpCommand = (socketPath: string, execute: string, timeoutMs = 2000
           socket.write(JSON.stringify({ execute: "qmp_capabilities" }) + "\n")
         } else if (stage === "capabilities" && "return" in message) {
           stage = "command"
-          socket.write(JSON.stringify({ execute }) + "\n")
+          socket.write(JSON.stringify(args === undefined ? { execute } : { execute, arguments: args }) + "\n")
         } else if (stage === "command" && "return" in message) {
           return finish(undefined, message.return)
         }

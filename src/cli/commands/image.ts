@@ -19,6 +19,8 @@ import { importImage, parseSize } from "../../programs/imageImport.js"
 import { DEFAULT_IMPORT_LIMITS } from "../../lib/oci/rootfs.js"
 import { ImageImportRefused } from "../../domain/image.js"
 import { stepDisplay } from "../progress.js"
+import { warmImage } from "../../programs/warm.js"
+import { DEFAULT_CPUS, DEFAULT_MEMORY_MIB } from "../../programs/session.js"
 import { edge, notAnOption, printJson } from "../render.js"
 import { escapeControl } from "../../lib/text.js"
 
@@ -33,9 +35,12 @@ const row = (image: RegisteredImage) =>
       `kernel ${image.meta.kernel}  node ${image.meta.node}  agent ${short(image.meta.agent)}  protocol ${image.meta.protocol}  ${image.meta.created}`
   )
 
-/** `abox image list`: how many sessions use the image, and the golden's bytes they share */
+/** `abox image list`: how many sessions use the image, the golden's bytes they share, its warm snapshot */
 const usageOf = (image: ImageListing) =>
-  `  ${image.sessions} session${image.sessions === 1 ? "" : "s"}, ${formatBytes(image.sharedBytes)} shared`
+  `  ${image.sessions} session${image.sessions === 1 ? "" : "s"}, ${formatBytes(image.sharedBytes)} shared, ` +
+  (image.warm.snapshots === 0
+    ? "no warm snapshot"
+    : `${image.warm.snapshots} warm snapshot${image.warm.snapshots === 1 ? "" : "s"} (${formatBytes(image.warm.bytes)})`)
 
 const rowJson = (image: RegisteredImage) => ({ ...image.meta, dir: image.dir, default: image.isDefault })
 
@@ -97,7 +102,8 @@ const list = Command.make("list", { json }, (args) =>
           images: images.map((image) => ({
             ...rowJson(image),
             sessions: image.sessions,
-            sharedBytes: image.sharedBytes
+            sharedBytes: image.sharedBytes,
+            warm: image.warm
           })),
           problems
         })
@@ -210,7 +216,37 @@ const importCommand = Command.make(
   )
 )
 
+const warm = Command.make(
+  "warm",
+  {
+    ref: notAnOption(Args.text({ name: "name[@digest]" })).pipe(
+      Args.withDescription("the image (default: the default image)"),
+      Args.optional
+    ),
+    json
+  },
+  (args) =>
+    edge({ json: args.json, scrub: false })(
+      Effect.gen(function* () {
+        const made = yield* warmImage(Option.getOrUndefined(args.ref), {
+          cpus: DEFAULT_CPUS,
+          memoryMiB: DEFAULT_MEMORY_MIB
+        })
+        const shown = escapeControl(`${made.image.identity.name}@${short(made.image.identity.digest)}`)
+        if (args.json) yield* printJson({ image: made.image.identity, dir: made.dir, made: made.built })
+        else
+          yield* Console.log(
+            `${shown}: warm snapshot ${made.built ? "made" : "already there"} (${escapeControl(made.dir)})`
+          )
+      })
+    )
+).pipe(
+  Command.withDescription(
+    "make the image's warm snapshot now (Open makes it lazily otherwise; ABOX_WARM=0 turns warm open off). Example: abox image warm"
+  )
+)
+
 export const image = Command.make("image").pipe(
-  Command.withDescription("golden images: build, import, list, rm"),
-  Command.withSubcommands([build, importCommand, list, rm])
+  Command.withDescription("golden images: build, import, list, rm, warm"),
+  Command.withSubcommands([build, importCommand, list, rm, warm])
 )

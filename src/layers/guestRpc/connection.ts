@@ -124,6 +124,17 @@ export const connect = (
         Effect.ensuring(link.destroy)
       )
     )
+    // warm open: the waiting guest's session comes first (its entropy new for every connection)
+    if (options.handoff !== undefined) {
+      const time = yield* Clock.currentTimeMillis
+      yield* link.send({
+        type: "session",
+        config: options.handoff.config,
+        time,
+        entropy: crypto.randomBytes(64).toString("base64"),
+        ...(options.handoff.repoDisks === true ? { repoDisks: true } : {})
+      })
+    }
     // a VM restored from its saved memory: the guest speaks once it hears `resumed`
     if (resumed !== undefined) {
       const unixMillis = yield* Clock.currentTimeMillis

@@ -23,10 +23,17 @@ export const bindListener = Effect.fn("GuestRpc.bind")(function* (socketPath: st
     listenUnixServer(socketPath, { pauseOnConnect: true }, (socket) => {
       if (!Queue.unsafeOffer(connections, socket)) socket.destroy()
     }).pipe(Effect.mapError(({ message }) => new GuestDisconnected({ message }))),
+    // a connection still queued (the VM connected, nobody accepted: a restore that failed) is
+    // destroyed first: the server's close waits for every connection to end
     (server) =>
-      Effect.async<void>((resume) => {
-        server.close(() => resume(Effect.void))
-      }).pipe(
+      Effect.flatMap(Queue.takeAll(connections), (sockets) =>
+        Effect.sync(() => Chunk.forEach(sockets, (s) => s.destroy()))
+      ).pipe(
+        Effect.zipRight(
+          Effect.async<void>((resume) => {
+            server.close(() => resume(Effect.void))
+          })
+        ),
         Effect.zipRight(
           Effect.sync(() => {
             try {
