@@ -11,11 +11,12 @@ import { BaseSequencer, type TestSpecification } from "vitest/node"
 
 /** seconds per file (test/ relative), the longest first */
 export const fileSeconds: Readonly<Record<string, number>> = {
+  "e2e-fork-vm.test.ts": 225,
   "e2e-agent-vm.test.ts": 144,
   "e2e-workstation-vm.test.ts": 133,
   "e2e-cli.test.ts": 98,
   "e2e-suspend-vm.test.ts": 92,
-  "e2e-environment-vm.test.ts": 77,
+  "e2e-environment-vm.test.ts": 149,
   "e2e-agent-clis-vm.test.ts": 66,
   "e2e-broker-vm.test.ts": 54,
   "e2e-export-vm.test.ts": 51,
@@ -24,8 +25,9 @@ export const fileSeconds: Readonly<Record<string, number>> = {
   "e2e-guestroot-vm.test.ts": 44,
   "e2e-detached-wire.test.ts": 43,
   "image-reproducible.test.ts": 42,
-  "e2e-detached.test.ts": 40,
+  "e2e-detached.test.ts": 100,
   "e2e-cow-vm.test.ts": 39,
+  "e2e-warm-vm.test.ts": 59,
   "supervisor.test.ts": 39,
   "cli.detached.test.ts": 34,
   "agent.cli.test.ts": 29,
