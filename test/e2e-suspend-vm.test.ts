@@ -24,6 +24,7 @@ import { RuntimeLockLive } from "../src/layers/RuntimeLockLive.js"
 import { SessionStoreLive } from "../src/layers/SessionStoreLive.js"
 import { aboxPathsAt } from "../src/services/AboxPaths.js"
 import { open, resume } from "../src/programs/session.js"
+import { scanMemoryStates } from "../src/programs/scrubStates.js"
 import { savedStateBytes, savedStateFiles } from "../src/programs/suspend.js"
 import { ensureTestImage, runTurn, testHome, vmSkipReason } from "./e2e-vm-image.js"
 
@@ -46,6 +47,8 @@ if (skip !== undefined) console.warn(`e2e-suspend-vm: skipped: ${skip}`)
 
 const CANARY_VAR = "ABOX_TEST_SUSPEND_CANARY"
 const CANARY = "sk-canary-7f3e9d1c5b2a4f60"
+/** the tail of an Anthropic-shaped key the guest assembles (the turn's text never holds it whole) */
+const GUEST_SECRET_TAIL = "api03-guestMemoryOnly0123456789"
 const LOOP =
   "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' </dev/null >/dev/null 2>&1 & sleep 0.5"
 
@@ -138,11 +141,25 @@ describe.skipIf(skip !== undefined)("suspend and resume with memory (real VM)", 
             }
             expect(trusted.trim()).toBe(config.brokerCaCert.trim())
             yield* runTurn(session.connection, "echo kept > $HOME/kept.txt; sync")
+            // a secret-shaped string only a guest process's memory holds, for the scrub below
+            yield* runTurn(
+              session.connection,
+              `K=sk-ant-; S="\${K}${GUEST_SECRET_TAIL}" setsid sleep 600 </dev/null >/dev/null 2>&1 & sleep 0.2`
+            )
             // suspended again, for the misfit below
             yield* session.suspend
           })
         )
         expect(filesHolding(dir, CANARY)).toEqual([])
+        // abox scrub reads the (zstd) state and finds the guest's secret; it leaves the state as it is
+        const stateBefore = fs.statSync(files.state)
+        const scanned = yield* scanMemoryStates()
+        expect(scanned.statesScanned).toBe(1)
+        expect(scanned.problems).toEqual([])
+        expect(scanned.findings.map((f) => [f.path, f.changed, f.kinds.includes("anthropic-key")])).toEqual([
+          [files.state, false, true]
+        ])
+        expect(fs.statSync(files.state).mtimeMs).toBe(stateBefore.mtimeMs)
 
         // another -m: the state does not fit; a cold boot from the disks, said why; the state is gone
         yield* Effect.scoped(
