@@ -221,6 +221,8 @@ export const ensureWorkstationImage = async (): Promise<GoldenImage> => {
         fs.mkdirSync(staging, { recursive: true })
         for (const file of fs.readdirSync(theirs.dir)) {
           const from = path.join(theirs.dir, file)
+          // the golden's own files only: a warm snapshot (warm/) is a cache this home makes itself
+          if (!fs.statSync(from).isFile()) continue
           const to = path.join(staging, file)
           try {
             fs.linkSync(from, to)
