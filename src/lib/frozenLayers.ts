@@ -42,14 +42,15 @@ export const isFrozenName = (name: string): boolean => FROZEN.test(name)
 export const activeDisk = (dir: string, drive: FrozenDrive): string =>
   sessionFile(dir, drive === "root" ? "rootQcow2" : "repoQcow2")
 
-const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
+/** a fallible file operation as a DiskError naming the file */
+export const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
   Effect.tryPromise({
     try: run,
     catch: (cause) =>
       new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}`, cause })
   })
 
-const exists = (file: string) =>
+export const exists = (file: string) =>
   Effect.promise(() =>
     fs.access(file).then(
       () => true,
@@ -65,8 +66,9 @@ export const frozenLayersIn = (dir: string): Effect.Effect<ReadonlyArray<string>
 
 /** the next unused layer number in `dir` (one number per fork, for both drives) */
 export const nextFrozenIndex = (dir: string): Effect.Effect<number> =>
-  Effect.map(frozenLayersIn(dir), (names) =>
-    names.reduce((max, name) => Math.max(max, Number(FROZEN.exec(name)?.[2] ?? 0)), 0) + 1
+  Effect.map(
+    frozenLayersIn(dir),
+    (names) => names.reduce((max, name) => Math.max(max, Number(FROZEN.exec(name)?.[2] ?? 0)), 0) + 1
   )
 
 /** a temporary name beside `target` */
@@ -78,12 +80,16 @@ export const createQcow2Overlay = (qemuImg: string, backing: string, target: str
   Effect.gen(function* () {
     // -U: the backing may be held by a running VM (its write lock)
     const info = yield* runTool(backing, qemuImg, ["info", "-U", "--output=json", "-f", "qcow2", backing])
-    const size = yield* Schema.decodeUnknown(Schema.parseJson(Schema.Struct({ "virtual-size": Schema.Number })))(
-      info
-    ).pipe(
+    const size = yield* Schema.decodeUnknown(
+      Schema.parseJson(Schema.Struct({ "virtual-size": Schema.Number }))
+    )(info).pipe(
       Effect.mapError(
         (cause) =>
-          new DiskError({ path: backing, reason: "tool", message: `qemu-img info ${backing}: ${cause.message}` })
+          new DiskError({
+            path: backing,
+            reason: "tool",
+            message: `qemu-img info ${backing}: ${cause.message}`
+          })
       )
     )
     // -u: the size is given, so the backing (in use) is not opened
@@ -182,7 +188,9 @@ export const commitFreezeStep = (step: FreezeStep) =>
 
 /** a prepared freeze given up: the new overlays removed (a frozen link left is gc's) */
 export const abandonFreeze = (steps: ReadonlyArray<FreezeStep>) =>
-  Effect.promise(() => Promise.all(steps.map((step) => fs.rm(step.next, { force: true })))).pipe(Effect.asVoid)
+  Effect.promise(() => Promise.all(steps.map((step) => fs.rm(step.next, { force: true })))).pipe(
+    Effect.asVoid
+  )
 
 /** the frozen layers a freeze made, by drive */
 export interface FrozenLayers {
@@ -219,7 +227,8 @@ export const backingChain = Effect.fn("frozenLayers.chain")(function* (qemuImg: 
   const text = yield* runTool(file, qemuImg, ["info", "-U", "--backing-chain", "--output=json", file])
   const entries = yield* decodeChain(text).pipe(
     Effect.mapError(
-      (cause) => new DiskError({ path: file, reason: "tool", message: `qemu-img info ${file}: ${cause.message}` })
+      (cause) =>
+        new DiskError({ path: file, reason: "tool", message: `qemu-img info ${file}: ${cause.message}` })
     )
   )
   return entries.map((entry, i): ChainLink => {
@@ -228,7 +237,9 @@ export const backingChain = Effect.fn("frozenLayers.chain")(function* (qemuImg: 
       file: path.resolve(entry.filename),
       format: entry.format,
       backing:
-        relative === undefined ? undefined : path.resolve(path.dirname(path.resolve(entry.filename)), relative),
+        relative === undefined
+          ? undefined
+          : path.resolve(path.dirname(path.resolve(entry.filename)), relative),
       backingFormat: entries[i + 1]?.format
     }
   }) as ReadonlyArray<ChainLink>

@@ -21,8 +21,6 @@ import * as Schema from "effect/Schema"
 // Raw node:fs: hard links and copies of a session's files.
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { DiskError } from "../domain/image.js"
-import { errorMessage } from "../domain/errorMessage.js"
 import { sessionFile, type SessionLocation } from "../domain/sessionLayout.js"
 import { StateManifest } from "../domain/memoryState.js"
 import { writeJsonAtomic } from "../lib/atomicFile.js"
@@ -38,7 +36,9 @@ import {
   prepareFreeze,
   settleDisks,
   temporaryBeside,
-  writingDisk
+  writingDisk,
+  exists,
+  io
 } from "../lib/frozenLayers.js"
 import { runTool } from "../lib/repoDisk.js"
 import { qemuImgTool } from "../lib/rootDisk.js"
@@ -69,24 +69,15 @@ export interface ForkOptions {
    * passes its own open session's `freeze` for a session it holds itself
    */
   readonly freezeRunning?:
-    | ((statePath: string) => Effect.Effect<{ readonly frozen: FrozenLayers; readonly manifest: StateManifest }, FreezeError, CommandExecutor>)
+    | ((
+        statePath: string
+      ) => Effect.Effect<
+        { readonly frozen: FrozenLayers; readonly manifest: StateManifest },
+        FreezeError,
+        CommandExecutor
+      >)
     | undefined
 }
-
-const io = <A>(file: string, reason: string, run: () => Promise<A>) =>
-  Effect.tryPromise({
-    try: run,
-    catch: (cause) =>
-      new DiskError({ path: file, reason, message: `${reason} ${file}: ${errorMessage(cause)}`, cause })
-  })
-
-const exists = (file: string) =>
-  Effect.promise(() =>
-    fs.access(file).then(
-      () => true,
-      () => false
-    )
-  )
 
 /** `source` at `target` too: a hard link (the file is never written again), a copy across filesystems */
 const share = (source: string, target: string) =>
@@ -195,19 +186,26 @@ export const fork = Effect.fn("fork")(function* (ref: string, options: ForkOptio
         }
         // the environment's variables carry over (resume reads them from the last config)
         const config = yield* store.readGuestConfig(parent.id).pipe(Effect.option)
-        if (Option.isSome(config)) yield* store.writeGuestConfig(child.id, { ...config.value, sessionId: child.id })
+        if (Option.isSome(config))
+          yield* store.writeGuestConfig(child.id, { ...config.value, sessionId: child.id })
         if (manifest !== undefined) {
           const file = childState.manifest
           yield* writeJsonAtomic(file, StateManifest, manifest).pipe(
             Effect.mapError(
-              (e) => new StoreIoError({ path: file, operation: "write", message: `cannot write ${file}: ${e.message}` })
+              (e) =>
+                new StoreIoError({
+                  path: file,
+                  operation: "write",
+                  message: `cannot write ${file}: ${e.message}`
+                })
             )
           )
         }
         const now = yield* Clock.currentTimeMillis
         return yield* store.update(child.id, (current) => ({
           ...current,
-          rootDisk: meta.rootDisk?.kind === "standalone" ? meta.rootDisk : { ...meta.rootDisk!, kind: "overlay" },
+          rootDisk:
+            meta.rootDisk?.kind === "standalone" ? meta.rootDisk : { ...meta.rootDisk!, kind: "overlay" },
           fork: {
             parent: parent.id,
             ...(meta.name === undefined ? {} : { parentName: meta.name }),
@@ -236,7 +234,10 @@ const writtenDisks = (dir: string) =>
 /** the qcow2 disks of a session directory: the disks it writes and its frozen layers */
 const qcow2Files = (dir: string) =>
   Effect.gen(function* () {
-    return [...(yield* writtenDisks(dir)), ...(yield* frozenLayersIn(dir)).map((name) => path.join(dir, name))]
+    return [
+      ...(yield* writtenDisks(dir)),
+      ...(yield* frozenLayersIn(dir)).map((name) => path.join(dir, name))
+    ]
   })
 
 const inside = (dir: string, file: string) => path.dirname(path.resolve(file)) === path.resolve(dir)
@@ -246,7 +247,11 @@ const otherChains = (exceptId: string) =>
   Effect.gen(function* () {
     const store = yield* SessionStore
     const qemuImg = yield* qemuImgTool
-    const result: Array<{ readonly session: SessionLocation; readonly file: string; readonly chain: ReadonlyArray<ChainLink> }> = []
+    const result: Array<{
+      readonly session: SessionLocation
+      readonly file: string
+      readonly chain: ReadonlyArray<ChainLink>
+    }> = []
     for (const row of yield* store.list()) {
       if (row.legacy || row.id === exceptId) continue
       for (const file of yield* qcow2Files(row.dir)) {
@@ -261,7 +266,8 @@ const otherChains = (exceptId: string) =>
 export const forksOf = Effect.fn("fork.forksOf")(function* (session: SessionLocation) {
   const chains = yield* otherChains(session.id)
   const ids = new Set<string>()
-  for (const entry of chains) if (entry.chain.some((link) => inside(session.dir, link.file))) ids.add(entry.session.id)
+  for (const entry of chains)
+    if (entry.chain.some((link) => inside(session.dir, link.file))) ids.add(entry.session.id)
   return [...ids].sort()
 })
 
@@ -339,7 +345,8 @@ export const unusedFrozenLayers = Effect.fn("fork.unusedLayers")(function* () {
   const rows = (yield* store.list()).filter((row) => !row.legacy)
   const candidates: Array<{ readonly session: SessionLocation; readonly file: string }> = []
   for (const row of rows)
-    for (const name of yield* frozenLayersIn(row.dir)) candidates.push({ session: row, file: path.join(row.dir, name) })
+    for (const name of yield* frozenLayersIn(row.dir))
+      candidates.push({ session: row, file: path.join(row.dir, name) })
   // no frozen layer anywhere (no fork was ever made): no qemu-img run
   if (candidates.length === 0) return []
   const qemuImg = yield* qemuImgTool
