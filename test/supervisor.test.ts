@@ -327,6 +327,51 @@ describe("detached supervisor (FakeVmm)", () => {
   )
 
   it.live(
+    "a client that asked to Stop and then stays silent (no pings) does not hold the session's close: the supervisor ends and closes its connection",
+    () => {
+      const home = tempDir("abox-home-")
+      return Effect.gen(function* () {
+        const ready = yield* Deferred.make<{ socket: string }>()
+        const fiber = yield* supervise(open({ source: source(), name: "quiet" }), {
+          onReady: (info) => Deferred.succeed(ready, info)
+        }).pipe(Effect.fork)
+        const { socket } = yield* Deferred.await(ready)
+        const stopRequest = JSON.stringify({
+          _tag: "Request",
+          id: "1",
+          tag: "Stop",
+          payload: {},
+          headers: []
+        })
+        const closedByServer = yield* Effect.promise(
+          () =>
+            new Promise<boolean>((resolve) => {
+              const client = net.connect(socket, () => client.write(`{"type":"hello","version":2}\n`))
+              // the Stop once welcomed, its Stopping acknowledged, as RpcClient does; then nothing
+              // more (no ping): the connection is only closed by the supervisor
+              let replies = ""
+              client.on("data", (data) => {
+                const first = replies === ""
+                replies += String(data)
+                if (first) client.write(`${stopRequest}\n`)
+                else if (replies.includes('"Stopping"') && !replies.includes("acked"))
+                  client.write(
+                    `${JSON.stringify({ _tag: "Ack", requestId: "1" })}\n`,
+                    () => (replies += "acked")
+                  )
+              })
+              client.once("close", () => resolve(true))
+              client.once("error", () => resolve(false))
+            })
+        ).pipe(Effect.fork)
+        expect(yield* Fiber.join(fiber).pipe(Effect.timeout("30 seconds"))).toBe("stop")
+        expect(yield* Fiber.join(closedByServer).pipe(Effect.timeout("30 seconds"))).toBe(true)
+      }).pipe(Effect.provide(layerFor(home)))
+    },
+    120_000
+  )
+
+  it.live(
     "a VM that ends by itself (SIGKILLed) ends its supervisor at once (guest-gone): the host never outlives its VM",
     () => {
       const home = tempDir("abox-home-")

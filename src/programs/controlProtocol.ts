@@ -163,7 +163,11 @@ export const makeControlProtocol = Effect.gen(function* () {
       ).pipe(
         // a chunk is decoded a few lines at a time, each piece's messages taken before the next
         // is parsed: a chunk of many small requests is not held as that many messages meanwhile
-        Stream.runForEach((chunk) => Effect.forEach(pieces(chunk), decodeAndTake, { discard: true }))
+        Stream.runForEach((chunk) => Effect.forEach(pieces(chunk), decodeAndTake, { discard: true })),
+        // an interrupted read (the session closing) finishes in the background: the iterator's
+        // return() waits for the stream to end, which it does once the connection's finalizer has
+        // destroyed the socket, not while this fiber holds that finalizer back
+        Effect.disconnect
       )
       // the client's end: what it asked for runs on until the connection closes (RpcServer's
       // disconnect then interrupts its requests)
