@@ -193,12 +193,13 @@ describe.skipIf(skip !== undefined)("a detached session's wire and files on a re
     expect(ignored.closedEarly).toBe(false)
     // past the sockets' buffers: the client waited at the pace the supervisor handled them
     expect(ignored.sent).toBeGreaterThan(3 * 1024 * 1024)
-    const early = Math.max(...samples.slice(0, 6))
-    const late = Math.max(...samples.slice(6))
-    expect(
-      late - early,
-      `RSS each second: ${samples.map((b) => Math.round(b / 2 ** 20)).join(" ")} MiB; ${ignored.sent} bytes sent`
-    ).toBeLessThan(24 * 1024 * 1024)
+    // what it keeps is the level its garbage collections come back to (the lows): a request
+    // held past its answer raises it second by second; the peaks between collections swing
+    // with the request rate (tens of MiB on the RPC wire), so they are only bounded loosely
+    const shown = `RSS each second: ${samples.map((b) => Math.round(b / 2 ** 20)).join(" ")} MiB; ${ignored.sent} bytes sent`
+    const [early, late] = [samples.slice(0, 8), samples.slice(8)]
+    expect(Math.min(...late) - Math.min(...early), shown).toBeLessThan(24 * 1024 * 1024)
+    expect(Math.max(...late) - Math.max(...early), shown).toBeLessThan(64 * 1024 * 1024)
     // the supervisor still serves
     expect(runCli(["exec", "wire", "--", "echo still"]).stdout).toBe("still\n")
 
