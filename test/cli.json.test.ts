@@ -52,7 +52,14 @@ describe("--json output: one convention (docs/cli-json.md)", () => {
       expect(keys(gc)).toEqual(["actions", "dryRun"])
       expect(gc.dryRun).toBe(dryRun)
       const scrub = one(["scrub", ...flag], home)
-      expect(keys(scrub)).toEqual(["dryRun", "filesScanned", "findings", "problems", "sessionsScanned"])
+      expect(keys(scrub)).toEqual([
+        "dryRun",
+        "filesScanned",
+        "findings",
+        "memoryStatesScanned",
+        "problems",
+        "sessionsScanned"
+      ])
       expect(scrub.dryRun).toBe(dryRun)
     }
 
@@ -67,15 +74,20 @@ describe("--json output: one convention (docs/cli-json.md)", () => {
 
     const images = path.join(home, "images")
     const image = await Effect.runPromise(
-      registerImage(images, stageImage(images, "one"), {
-        name: "abox",
-        variant: "small",
-        arch: "x86_64",
-        kernel: "6.1.0-test",
-        node: "20.20.2",
-        agent: "a".repeat(64),
-        protocol: 4
-      }, { makeDefault: true })
+      registerImage(
+        images,
+        stageImage(images, "one"),
+        {
+          name: "abox",
+          variant: "small",
+          arch: "x86_64",
+          kernel: "6.1.0-test",
+          node: "20.20.2",
+          agent: "a".repeat(64),
+          protocol: 4
+        },
+        { makeDefault: true }
+      )
     )
     const listed = one(["image", "list"], home)
     expect(keys(listed)).toEqual(["images", "problems"])

@@ -214,7 +214,14 @@ describe("abox CLI (built bundle, real processes)", () => {
     expect(dry.code).toBe(0)
     // docs/cli-json.md: one object, `dryRun` at the top level as in gc and prune
     const report = parse(dry.stdout)
-    expect(Object.keys(report).sort()).toEqual(["dryRun", "filesScanned", "findings", "problems", "sessionsScanned"])
+    expect(Object.keys(report).sort()).toEqual([
+      "dryRun",
+      "filesScanned",
+      "findings",
+      "memoryStatesScanned",
+      "problems",
+      "sessionsScanned"
+    ])
     expect(report.dryRun).toBe(true)
     expect(Array.isArray(report.findings)).toBe(true)
     expect(runCli(home, ["scrub"]).code).toBe(0)
