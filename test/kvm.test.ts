@@ -11,7 +11,7 @@ import * as TestClock from "effect/TestClock"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { probeKvm } from "../src/vmm/kvm.js"
+import { kvmIsPvmOnly, probeKvm } from "../src/vmm/kvm.js"
 import { alive } from "./support/processes.js"
 
 const fakeQemu = (script: string) => {
@@ -54,4 +54,19 @@ layer(NodeContext.layer)("the KVM probe", (it) => {
       expect(alive(pid)).toBe(false)
     })
   )
+})
+
+layer(NodeContext.layer)("a PVM-only KVM", (it) => {
+  it("kvm_pvm without kvm_intel or kvm_amd is PVM-only (stock kernels fail on it); with either, or neither, it is not", () => {
+    const modules = (...names: Array<string>) => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "abox-modules-"))
+      for (const name of names) fs.mkdirSync(path.join(dir, name))
+      return dir
+    }
+    expect(kvmIsPvmOnly(modules("kvm", "kvm_pvm"))).toBe(true)
+    expect(kvmIsPvmOnly(modules("kvm", "kvm_pvm", "kvm_intel"))).toBe(false)
+    expect(kvmIsPvmOnly(modules("kvm", "kvm_pvm", "kvm_amd"))).toBe(false)
+    expect(kvmIsPvmOnly(modules("kvm", "kvm_intel"))).toBe(false)
+    expect(kvmIsPvmOnly(modules())).toBe(false)
+  })
 })

@@ -23,7 +23,7 @@ import {
 import type { StateCompression, StateManifest } from "../domain/memoryState.js"
 import * as Migration from "../vmm/migration.js"
 import { type Accel, buildQemuArgv, minimalEnv, qemuBinary, WARM_HOTPLUG_PORTS } from "../vmm/argv.js"
-import { kvmOpens, probeKvm } from "../vmm/kvm.js"
+import { kvmIsPvmOnly, kvmOpens, probeKvm } from "../vmm/kvm.js"
 import { hostArch } from "../lib/arch.js"
 import { ensureSocketDir, rpcSocketPath, sessionSocketPath } from "../lib/socketPath.js"
 import { fallbackSignalFor, superviseHelper } from "../vmm/supervisor.js"
@@ -109,7 +109,11 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
                 (cached) => cached.key === cacheKey
               )
         if (wanted !== "auto") accel = wanted
-        else if (Option.isSome(remembered)) accel = remembered.value.accel
+        else if (kvmIsPvmOnly()) {
+          // before the remembered choice: a record made before the module was loaded says kvm
+          accel = "tcg"
+          note("qemu: this host's KVM is PVM, which runs only PVM guest kernels; guests run under TCG (slower)")
+        } else if (Option.isSome(remembered)) accel = remembered.value.accel
         else if (!kvmOpens()) {
           accel = "tcg"
           note("qemu: /dev/kvm is not usable here; guests run under TCG (slower)")

@@ -61,8 +61,18 @@ export const probeKvm = (
   )
 }
 
-/** what `auto` chooses on this host: KVM when /dev/kvm opens and a probe VM starts on it (abox doctor) */
+/**
+ * Whether this host's KVM is PVM (the `kvm_pvm` module without `kvm_intel`/`kvm_amd`): it runs only
+ * guest kernels built for PVM, so a stock image's kernel stops at its first instructions with
+ * "emulation failure" while a paused probe VM still starts. `modules` is sysfs's module directory.
+ */
+export const kvmIsPvmOnly = (modules = "/sys/module"): boolean => {
+  const loaded = (name: string) => fs.existsSync(`${modules}/${name}`)
+  return loaded("kvm_pvm") && !loaded("kvm_intel") && !loaded("kvm_amd")
+}
+
+/** what `auto` chooses on this host: KVM when /dev/kvm opens, is not PVM-only, and a probe VM starts on it (abox doctor) */
 export const kvmUsable = (
   arch: GuestArch = hostArch()
 ): Effect.Effect<boolean, never, CommandExecutor.CommandExecutor> =>
-  kvmOpens() ? probeKvm(qemuBinary(arch), arch) : Effect.succeed(false)
+  kvmOpens() && !kvmIsPvmOnly() ? probeKvm(qemuBinary(arch), arch) : Effect.succeed(false)
