@@ -108,13 +108,14 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
                 ),
                 (cached) => cached.key === cacheKey
               )
+        // a record made before the kvm_pvm module was loaded says kvm: not trusted on a PVM-only host
+        const trusted = Option.filter(remembered, (cached) => cached.accel !== "kvm" || !kvmIsPvmOnly())
         if (wanted !== "auto") accel = wanted
+        else if (Option.isSome(trusted)) accel = trusted.value.accel
         else if (kvmIsPvmOnly()) {
-          // before the remembered choice: a record made before the module was loaded says kvm
           accel = "tcg"
           note("qemu: this host's KVM is PVM, which runs only PVM guest kernels; guests run under TCG (slower)")
-        } else if (Option.isSome(remembered)) accel = remembered.value.accel
-        else if (!kvmOpens()) {
+        } else if (!kvmOpens()) {
           accel = "tcg"
           note("qemu: /dev/kvm is not usable here; guests run under TCG (slower)")
         } else if (
@@ -125,7 +126,7 @@ export const makeQemuVmm = (options: QemuVmmOptions = {}) =>
           accel = "tcg"
           note("qemu: /dev/kvm opens but a KVM VM does not start on this host; guests run under TCG (slower)")
         }
-        if (wanted === "auto" && Option.isNone(remembered) && options.accelCache !== undefined) {
+        if (wanted === "auto" && Option.isNone(trusted) && options.accelCache !== undefined) {
           const file = options.accelCache
           // best effort: without the record the probe simply runs again next time
           yield* Effect.sync(() => {
